@@ -1,0 +1,214 @@
+"""Settings: one YAML file validated once into frozen pydantic models, with ${ENV} interpolation."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+log = logging.getLogger(__name__)
+
+DEFAULT_THRESHOLD = 0.8
+MIB = 1024 * 1024
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names every offending dotted path."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ServerConfig(_Frozen):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_body_bytes: int = Field(64 * MIB, gt=0)
+    api_keys: tuple[SecretStr, ...] = ()
+    tenant_header: str | None = None
+
+    @field_validator("api_keys")
+    @classmethod
+    def _no_blank_key(cls, keys: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        # A blank accepted key would match a client that sends no key at all.
+        if any(not key.get_secret_value().strip() for key in keys):
+            raise ValueError("a blank key would let every client in (is an environment variable unset?)")
+        return keys
+
+
+class UpstreamConfig(_Frozen):
+    base_url: str = "https://api.openai.com/v1"
+    api_key: SecretStr | None = None
+    connect_timeout: float = Field(10.0, gt=0)
+    idle_timeout: float = Field(300.0, gt=0)
+    max_connections: int = Field(1000, ge=1)
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _blank_key_is_none(cls, value: Any) -> Any:
+        # `${OPENAI_API_KEY:-}` with the variable unset means "pass the client's key through".
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+
+class SummarizerConfig(_Frozen):
+    model: str | None = None
+    upstream: UpstreamConfig | None = None
+    max_output_tokens: int = Field(4096, gt=0)
+    timeout: float = Field(180.0, gt=0)
+
+
+class CompactionConfig(_Frozen):
+    enabled: bool = True
+    threshold: float = Field(DEFAULT_THRESHOLD, ge=0)
+    target: float = Field(0.5, gt=0, lt=1)
+    reserved_output_tokens: int = Field(1024, ge=0)
+    tail_budget: float = Field(0.25, ge=0, lt=1)
+    background: bool = True
+    prompts_dir: Path | None = None
+    summarizer: SummarizerConfig = SummarizerConfig()
+
+    @property
+    def proactive(self) -> bool:
+        return self.enabled and 0 < self.threshold < 1
+
+    @model_validator(mode="after")
+    def _target_below_threshold(self) -> CompactionConfig:
+        if self.proactive and self.target >= self.threshold:
+            raise ValueError(f"target ({self.target}) must be below threshold ({self.threshold})")
+        return self
+
+
+class ModelConfig(_Frozen):
+    context_window: int = Field(128000, gt=0)
+    manages_own_context: bool = False
+    encoding: str | None = None
+
+
+class StoreConfig(_Frozen):
+    kind: Literal["memory", "sqlite"] = "memory"
+    path: Path | None = None
+    ttl_seconds: float = Field(7 * 24 * 3600, gt=0)
+    max_entries: int = Field(10000, ge=1)
+
+    @model_validator(mode="after")
+    def _sqlite_needs_path(self) -> StoreConfig:
+        if self.kind == "sqlite" and self.path is None:
+            raise ValueError("kind 'sqlite' needs a path")
+        return self
+
+
+class LoggingConfig(_Frozen):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+def _default_models() -> dict[str, ModelConfig]:
+    return {"default": ModelConfig()}
+
+
+class Settings(_Frozen):
+    server: ServerConfig = ServerConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
+    compaction: CompactionConfig = CompactionConfig()
+    models: dict[str, ModelConfig] = Field(default_factory=_default_models)
+    store: StoreConfig = StoreConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    @field_validator("models")
+    @classmethod
+    def _has_default(cls, models: dict[str, ModelConfig]) -> dict[str, ModelConfig]:
+        return models if "default" in models else {**models, "default": ModelConfig()}
+
+    def model_for(self, name: str | None) -> ModelConfig:
+        """Per-model facts: an exact entry, else `default`."""
+        return self.models.get(name or "", self.models["default"])
+
+
+def interpolate_env(value: Any, env: Mapping[str, str]) -> Any:
+    """Replace ${VAR} and ${VAR:-fallback} in every string of a parsed YAML tree."""
+    if isinstance(value, dict):
+        return {key: interpolate_env(item, env) for key, item in value.items()}
+    if isinstance(value, list):
+        return [interpolate_env(item, env) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        name, fallback = match.group(1), match.group(2)
+        if fallback is not None:
+            # As in the shell: `:-` also replaces a variable that is set but empty.
+            return env.get(name) or fallback
+        if name in env:
+            return env[name]
+        raise ConfigError(f"environment variable {name} is referenced but not set")
+
+    return _ENV_REFERENCE.sub(substitute, value)
+
+
+def _apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    text = env.get("COMPACTION_THRESHOLD")
+    if text is None:
+        return raw
+    try:
+        threshold = float(text)
+        if threshold < 0 or threshold != threshold:
+            raise ValueError(text)
+    except ValueError:
+        log.warning("COMPACTION_THRESHOLD=%r is not a number >= 0; using %s", text, DEFAULT_THRESHOLD)
+        threshold = DEFAULT_THRESHOLD
+    section = raw.get("compaction")
+    if section is not None and not isinstance(section, dict):
+        return raw  # validation reports the malformed section by its path
+    compaction = dict(section or {})
+    compaction["threshold"] = threshold
+    return {**raw, "compaction": compaction}
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for problem in error.errors():
+        path = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+        message = "unknown key" if problem["type"] == "extra_forbidden" else problem["msg"]
+        lines.append(f"{path}: {message}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def settings_from_mapping(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> Settings:
+    """Validate an already-parsed config tree (tests build Settings this way)."""
+    env = os.environ if env is None else env
+    tree = interpolate_env(dict(raw or {}), env)
+    tree = _apply_env_overrides(tree, env)
+    try:
+        return Settings.model_validate(tree)
+    except ValidationError as error:
+        raise ConfigError(_describe(error)) from None
+
+
+def load_settings(path: str | Path | None, env: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate the YAML file at `path`; no path means every default."""
+    if path is None:
+        return settings_from_mapping({}, env)
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config {path} is not UTF-8 text: {error.reason} at byte {error.start}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config {path} is not valid YAML: {error}") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"config {path} must be a mapping at the top level")
+    return settings_from_mapping(raw, env)

@@ -1,0 +1,61 @@
+"""The small vocabulary of errors the proxy itself produces, in OpenAI's error shape."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class ProxyError(Exception):
+    """An error answered by the proxy itself (never one relayed from the upstream)."""
+
+    status: int = 500
+    error_type: str = "proxy_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return openai_error_body(self.message, self.error_type, param=self.param, code=self.code)
+
+    def body_bytes(self) -> bytes:
+        return json.dumps(self.body()).encode()
+
+
+class BadRequest(ProxyError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    error_type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class PayloadTooLarge(ProxyError):
+    status = 413
+    error_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UpstreamUnreachable(ProxyError):
+    status = 502
+    error_type = "upstream_error"
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    error_type = "upstream_error"
+    code = "upstream_timeout"
+
+
+def openai_error_body(message: str, error_type: str, *, param: str | None = None,
+                      code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}

@@ -1,0 +1,57 @@
+"""The thin middleware stack: proxy authentication, and every proxy-made error in OpenAI's shape."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from aiohttp import web
+
+from proxy.fingerprint import presented_key
+from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized, openai_error_body
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+def error_response(error: ProxyError) -> web.Response:
+    return web.json_response(error.body(), status=error.status)
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """ProxyError, aiohttp's own HTTP errors and crashes all become OpenAI-shaped JSON, never a traceback."""
+    try:
+        return await handler(request)
+    except ProxyError as error:
+        return error_response(error)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(PayloadTooLarge(
+            f"request body exceeds the proxy's limit of {request.client_max_size} bytes"))
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        body = openai_error_body(error.reason, "invalid_request_error", code=str(error.status))
+        return web.json_response(body, status=error.status)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        body = openai_error_body("the proxy failed to handle this request", "proxy_error", code="internal_error")
+        return web.json_response(body, status=500)
+
+
+def require_proxy_key(accepted: Sequence[str]) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """Only clients holding one of the configured keys may use the proxy (probes stay open)."""
+    encoded = [key.encode() for key in accepted]
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in _OPEN_PATHS:
+            presented = (presented_key(request.headers) or "").encode()
+            if not any(hmac.compare_digest(presented, key) for key in encoded):
+                raise Unauthorized("a valid proxy API key is required")
+        return await handler(request)
+
+    return check

@@ -1,0 +1,167 @@
+"""Sans-io server-sent events: split a byte stream into events without ever changing their bytes."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# An event ends at the first blank line; servers mix \n, \r\n and \r line endings.
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r|\n\r\n|\r\n\n")
+_LINE_END = re.compile(r"\r\n|\n|\r")
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    """One event: its exact bytes (terminator included) and its parsed fields, in order."""
+
+    raw: bytes
+    fields: tuple[tuple[str, str], ...]
+
+    @property
+    def event(self) -> str | None:
+        return next((value for name, value in self.fields if name == "event"), None)
+
+    @property
+    def data(self) -> str | None:
+        lines = [value for name, value in self.fields if name == "data"]
+        return "\n".join(lines) if lines else None
+
+    def field(self, name: str) -> str | None:
+        lines = [value for field_name, value in self.fields if field_name == name]
+        return "\n".join(lines) if lines else None
+
+    def json(self) -> Any:
+        """The data (or a non-standard `error:` field) decoded as JSON, or None."""
+        text = self.data if self.data is not None else self.field("error")
+        if text is None or text.strip() in ("", "[DONE]"):
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None
+
+
+def parse_fields(block: bytes) -> tuple[tuple[str, str], ...]:
+    text = block.decode("utf-8", errors="replace")
+    fields = []
+    for line in _LINE_END.split(text):
+        if not line or line.startswith(":"):
+            continue
+        name, sep, value = line.partition(":")
+        if sep and value.startswith(" "):
+            value = value[1:]
+        fields.append((name, value if sep else ""))
+    return tuple(fields)
+
+
+class SseDecoder:
+    """Feed bytes as they arrive; get back every event completed so far."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    @property
+    def pending(self) -> bytes:
+        return self._buffer
+
+    def feed(self, chunk: bytes) -> list[SseEvent]:
+        self._buffer += chunk
+        events = []
+        while match := _EVENT_END.search(self._buffer):
+            raw, self._buffer = self._buffer[: match.end()], self._buffer[match.end():]
+            events.append(SseEvent(raw, parse_fields(raw[: match.start()])))
+        return events
+
+    def flush(self) -> list[SseEvent]:
+        """At end of stream: an unterminated last event still counts."""
+        raw, self._buffer = self._buffer, b""
+        # Trailing blank lines are kept as a field-less event so no byte of the stream is lost.
+        return [SseEvent(raw, parse_fields(raw))] if raw else []
+
+
+def decode_all(body: bytes | str) -> list[SseEvent]:
+    decoder = SseDecoder()
+    data = body.encode() if isinstance(body, str) else body
+    return decoder.feed(data) + decoder.flush()
+
+
+def looks_like_sse(body: bytes | str) -> bool:
+    head = (body.encode() if isinstance(body, str) else body).lstrip()[:64]
+    return head.startswith((b"data:", b"event:", b"error:", b":", b"id:", b"retry:"))
+
+
+def is_content_event(event: SseEvent) -> bool:
+    """An event that carries model output, after which an error no longer means 'prompt too long'."""
+    payload = event.json()
+    if event.data is not None and event.data.strip() == "[DONE]":
+        return True
+    if not isinstance(payload, dict) or "error" in payload:
+        return False
+    choices = payload.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict):
+            continue  # hostile or malformed chunks are data, not a reason to crash
+        delta = choice.get("delta") or choice.get("message") or {}
+        if isinstance(delta, dict) and any(
+                delta.get(key) for key in ("content", "tool_calls", "function_call", "refusal")):
+            return True
+        if choice.get("finish_reason") or choice.get("text"):
+            return True
+    kind = str(payload.get("type", ""))
+    return kind.endswith(".delta") or kind in {"content_block_start", "content_block_delta"}
+
+
+def is_error_event(event: SseEvent) -> bool:
+    if event.event == "error" or event.field("error") is not None:
+        return True
+    payload = event.json()
+    if not isinstance(payload, dict):
+        return False
+    if "error" in payload or payload.get("type") in ("error", "response.failed"):
+        return True
+    return False
+
+
+def usage_of(payload: Any) -> dict[str, Any] | None:
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    return usage if isinstance(usage, dict) and usage else None
+
+
+def is_usage_only_chunk(payload: Any) -> bool:
+    """The extra chunk `stream_options.include_usage` adds: usage and no choices."""
+    return isinstance(payload, dict) and usage_of(payload) is not None and not payload.get("choices")
+
+
+class UsageTap:
+    """Watches a chat stream for usage; hides the usage-only chunk from a client that did not ask for it.
+
+    When nothing is hidden, chunks pass through untouched; otherwise whole events are passed on, bytes unchanged.
+    """
+
+    def __init__(self, *, hide_usage_chunk: bool) -> None:
+        self.hide_usage_chunk = hide_usage_chunk
+        self.usage: dict[str, Any] | None = None
+        self.finish_reasons: list[str] = []
+        self._decoder = SseDecoder()
+
+    def feed(self, chunk: bytes) -> bytes:
+        events = self._decoder.feed(chunk)
+        kept = [event.raw for event in events if self._keep(event)]
+        return b"".join(kept) if self.hide_usage_chunk else chunk
+
+    def finish(self) -> bytes:
+        leftover = [event.raw for event in self._decoder.flush() if self._keep(event)]
+        return b"".join(leftover) if self.hide_usage_chunk else b""
+
+    def _keep(self, event: SseEvent) -> bool:
+        payload = event.json()
+        if isinstance(payload, dict):
+            for choice in payload.get("choices") or ():
+                if isinstance(choice, dict) and choice.get("finish_reason"):
+                    self.finish_reasons.append(str(choice["finish_reason"]))
+        if (usage := usage_of(payload)) is not None:
+            self.usage = usage
+            return not is_usage_only_chunk(payload)
+        return True

@@ -1,0 +1,129 @@
+"""The one HTTP client of the proxy: header rules, timeouts, and upstream failures as proxy errors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import aiohttp
+from multidict import CIMultiDict
+from yarl import URL
+
+from proxy.config import UpstreamConfig
+from proxy.errors import UpstreamTimeout, UpstreamUnreachable
+
+log = logging.getLogger(__name__)
+
+# RFC 9110 §7.6.1 hop-by-hop headers, plus headers the HTTP client recomputes for the new connection.
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+    "te", "trailer", "trailers", "transfer-encoding", "upgrade",
+})
+_RECOMPUTED_ON_REQUEST = frozenset({"host", "content-length", "content-encoding", "accept-encoding"})
+_RECOMPUTED_ON_RESPONSE = frozenset({"content-length", "content-encoding"})
+# Only encodings aiohttp decodes without optional packages, so every body the proxy sees is readable.
+ACCEPT_ENCODING = "gzip, deflate"
+
+
+def _connection_named(headers: Mapping[str, str]) -> set[str]:
+    # Scanning items matches the name case-insensitively and sees every repeat, for any mapping type.
+    named: set[str] = set()
+    for name, value in headers.items():
+        if name.lower() == "connection":
+            named.update(token.strip().lower() for token in value.split(",") if token.strip())
+    return named
+
+
+def _without(headers: Mapping[str, str], dropped: frozenset[str]) -> CIMultiDict[str]:
+    also_dropped = _connection_named(headers)
+    kept: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lowered = name.lower()
+        if lowered in HOP_BY_HOP or lowered in dropped or lowered in also_dropped:
+            continue
+        kept.add(name, value)
+    return kept
+
+
+def request_headers(client_headers: Mapping[str, str], api_key: str | None) -> CIMultiDict[str]:
+    """Headers to send upstream: end-to-end headers kept, the configured key replacing the client's."""
+    headers = _without(client_headers, _RECOMPUTED_ON_REQUEST)
+    headers["Accept-Encoding"] = ACCEPT_ENCODING
+    if api_key:
+        headers.popall("x-api-key", None)
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def response_headers(upstream_headers: Mapping[str, str], *, decoded: bool) -> CIMultiDict[str]:
+    """Headers to relay to the client; length and encoding go when the body was decompressed."""
+    dropped = _RECOMPUTED_ON_RESPONSE if decoded else frozenset()
+    return _without(upstream_headers, dropped)
+
+
+def was_decoded(response: aiohttp.ClientResponse) -> bool:
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    return encoding not in ("", "identity")
+
+
+@dataclass(frozen=True)
+class UpstreamRequest:
+    method: str
+    path: str          # below the base URL, e.g. "/chat/completions"
+    query: str         # raw query string, without "?"
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class Upstream:
+    """Sends requests to one base URL over a shared session; maps failures to proxy errors."""
+
+    def __init__(self, session: aiohttp.ClientSession, config: UpstreamConfig) -> None:
+        self._session = session
+        self.config = config
+        self._api_key = config.api_key.get_secret_value() if config.api_key else None
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout, sock_read=config.idle_timeout)
+
+    def url_for(self, path: str, query: str = "") -> URL:
+        text = self.config.base_url + path + (f"?{query}" if query else "")
+        return URL(text, encoded=True)
+
+    @asynccontextmanager
+    async def open(self, request: UpstreamRequest) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The upstream response with headers read; the connection is closed if the caller leaves early."""
+        headers = request_headers(request.headers, self._api_key)
+        try:
+            response = await self._session.request(
+                request.method, self.url_for(request.path, request.query), headers=headers,
+                data=request.body if request.body else None, timeout=self._timeout,
+                allow_redirects=False, compress=False)
+        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as error:
+            raise UpstreamTimeout(f"the upstream did not answer within {self.config.idle_timeout:g}s") from error
+        except aiohttp.ClientError as error:
+            log.warning("upstream %s unreachable: %s", self.config.base_url, type(error).__name__)
+            raise UpstreamUnreachable(f"the upstream could not be reached ({type(error).__name__})") from error
+        try:
+            yield response
+        finally:
+            if not response.closed:
+                response.close()
+
+    async def read_body(self, response: aiohttp.ClientResponse) -> bytes:
+        """The whole body of a response, with idle timeouts and resets as proxy errors."""
+        try:
+            return await response.read()
+        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as error:
+            raise UpstreamTimeout("the upstream went silent while sending its answer") from error
+        except aiohttp.ClientError as error:
+            raise UpstreamUnreachable(f"the upstream connection failed ({type(error).__name__})") from error
+
+
+def create_session(config: UpstreamConfig) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=config.max_connections,
+                                     ttl_dns_cache=300)
+    return aiohttp.ClientSession(connector=connector, auto_decompress=True, trust_env=False,
+                                 cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=("User-Agent",))

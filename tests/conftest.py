@@ -1,0 +1,64 @@
+"""Shared fixtures: a fake upstream and the proxy in front of it, both on real sockets."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from proxy.app import RunningServer, start_server
+from proxy.config import Settings, settings_from_mapping
+from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
+
+ProxyFactory = Callable[..., Awaitable[RunningServer]]
+
+
+def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeUpstream]:
+    state = FakeUpstream()
+    runner, url = await serve_app(FakeUpstreamApp(state).build())
+    state.url = url
+    yield state
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def make_proxy(fake: FakeUpstream) -> AsyncIterator[ProxyFactory]:
+    """Start a proxy in front of the fake with config overrides (a nested dict, as in YAML)."""
+    running: list[RunningServer] = []
+
+    async def start(overrides: dict[str, Any] | None = None) -> RunningServer:
+        base = {"upstream": {"base_url": f"{fake.url}/v1"}}
+        settings: Settings = settings_from_mapping(deep_merge(base, overrides or {}), env={})
+        server = await start_server(settings, host="127.0.0.1", port=0)
+        running.append(server)
+        return server
+
+    yield start
+    for server in running:
+        await server.stop()
+
+
+@pytest.fixture
+async def proxy(make_proxy: ProxyFactory) -> RunningServer:
+    return await make_proxy()
