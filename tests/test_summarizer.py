@@ -1,0 +1,481 @@
+"""Tests for the summariser: request shape, removal ladder, chunk-and-merge, rejected replies, usage, concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from proxy.summarizer import (
+    REMOVED_TOOL_RESULT,
+    SummarizerError,
+    SummarizerOverflow,
+    Summary,
+    SummaryTruncated,
+    middle_out_order,
+    removal_ladder,
+    summarize,
+)
+from proxy.templates import Templates
+from proxy.tokens import TokenCounter
+from proxy.transcript import format_message_for_compacting, format_transcript
+
+Message = dict[str, Any]
+MARKER = re.compile(r"FACT-[0-9a-z.]+")
+REPORTED_USAGE = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
+ECHO = object()  # the scripted model's default reply: the markers it saw
+
+
+@pytest.fixture(scope="module")
+def templates(tmp_path_factory: pytest.TempPathFactory) -> Templates:
+    return Templates(user_dir=tmp_path_factory.mktemp("no-user-prompts"))
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter()
+
+
+def markers(text: str) -> list[str]:
+    """The distinct markers in `text`, in order of first appearance."""
+    return list(dict.fromkeys(MARKER.findall(text)))
+
+
+@dataclass(frozen=True)
+class Request:
+    system: str
+    messages: list[Message]
+
+    @property
+    def transcript(self) -> str:
+        return self.system.split("\n<transcript>\n", 1)[1].rsplit("\n</transcript>", 1)[0]
+
+    @property
+    def instruction(self) -> str:
+        return str(self.messages[0]["content"])
+
+
+def echo_reply(transcript: str, padding: int) -> str:
+    """A structured reply listing every marker seen: a mechanical but faithful summary and merge."""
+    fields: dict[str, Any] = {"user_intent": markers(transcript)}
+    if padding:
+        fields["problem_solving"] = ["p" * padding]
+    return f"<analysis>{len(fields['user_intent'])} facts</analysis>\n```json\n{json.dumps(fields)}\n```"
+
+
+class ScriptedModel:
+    """Records every request; overflows past `limit` transcript characters (or when `overflows` says so)."""
+
+    def __init__(self, *, limit: int | None = None, overflows: Callable[[Request], bool] | None = None,
+                 usage: Any = REPORTED_USAGE, padding: int = 0, reply: Any = ECHO,
+                 finish_reason: str | None = None, context_window: int | None = None) -> None:
+        self.requests: list[Request] = []
+        self.overflowed: list[Request] = []
+        self.limit, self.overflows, self.usage, self.padding = limit, overflows, usage, padding
+        self.reply, self.finish_reason, self.context_window = reply, finish_reason, context_window
+
+    async def complete(self, system: str, messages: list[Message]) -> tuple[Message, Any]:
+        request = Request(system, messages)
+        self.requests.append(request)
+        await asyncio.sleep(0)  # lets concurrent callers interleave
+        if (self.limit is not None and len(request.transcript) > self.limit) or (
+                self.overflows is not None and self.overflows(request)):
+            self.overflowed.append(request)
+            raise SummarizerOverflow("prompt is too long")
+        content = echo_reply(request.transcript, self.padding) if self.reply is ECHO else self.reply
+        message: Message = {"role": "assistant", "content": content}
+        if self.finish_reason is not None:
+            message["finish_reason"] = self.finish_reason
+        return message, json.loads(json.dumps(self.usage))
+
+
+class RaisingModel:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    async def complete(self, system: str, messages: list[Message]) -> tuple[Message, Any]:
+        raise self.error
+
+
+def label(request: Request, templates: Templates) -> str:
+    """Which kind of request this was: the direct summary, part i/n of a chunked one, or a merge of k."""
+    if request.instruction == templates.compaction_instruction():
+        return "direct"
+    for count in range(1, 65):
+        if request.instruction == templates.merge_instruction(count):
+            return f"merge {count}"
+        for index in range(1, count + 1):
+            if request.instruction == templates.chunk_instruction(index, count):
+                return f"part {index}/{count}"
+    raise AssertionError(f"unknown instruction: {request.instruction!r}")
+
+
+def chat(count: int, padding: int = 0, tag: str = "") -> list[Message]:
+    """Alternating user/assistant messages, each with its own marker."""
+    roles = ("user", "assistant")
+    return [{"role": roles[index % 2], "content": f"FACT-{tag}{index} " + "c" * padding} for index in range(count)]
+
+
+def tool_history(results: int = 10, result_size: int = 2000, user_padding: int = 0) -> list[Message]:
+    """`results` rounds of user request, assistant tool call and tool result, each with distinct markers."""
+    history: list[Message] = []
+    for index in range(results):
+        call = {"id": f"call_{index}", "type": "function",
+                "function": {"name": "run_step", "arguments": json.dumps({"step": index})}}
+        history += [
+            {"role": "user", "content": f"FACT-u{index} run step {index} " + "u" * user_padding},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{index}", "content": f"FACT-r{index} " + "x" * result_size},
+        ]
+    return history
+
+
+# --- the removal order and the ladder (pure) ---------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [(0, []), (1, [0]), (2, [0, 1]), (3, [1, 2, 0]), (5, [2, 3, 1, 4, 0]), (10, [4, 5, 3, 6, 2, 7, 1, 8, 0, 9])],
+)
+def test_middle_out_order(count: int, expected: list[int]) -> None:
+    assert middle_out_order(count) == expected
+
+
+@pytest.mark.parametrize("count", range(40))
+def test_middle_out_order_is_a_permutation(count: int) -> None:
+    assert sorted(middle_out_order(count)) == list(range(count))
+
+
+def removed_results(history: list[Message]) -> set[int]:
+    return {int(message["tool_call_id"].removeprefix("call_")) for message in history
+            if message["role"] == "tool" and message["content"] == REMOVED_TOOL_RESULT}
+
+
+@pytest.mark.parametrize(
+    ("results", "expected"),
+    [
+        (0, [("direct", set())]),
+        (1, [("direct", set()), ("removed_tool_results_10", {0})]),
+        (3, [("direct", set()), ("removed_tool_results_10", {1}), ("removed_tool_results_50", {1, 2}),
+             ("removed_tool_results_100", {0, 1, 2})]),
+        (10, [("direct", set()), ("removed_tool_results_10", {4}), ("removed_tool_results_20", {4, 5}),
+              ("removed_tool_results_50", {2, 3, 4, 5, 6}), ("removed_tool_results_100", set(range(10)))]),
+    ],
+)
+def test_removal_ladder_rungs(results: int, expected: list[tuple[str, set[int]]]) -> None:
+    history = tool_history(results, result_size=5) + chat(2)
+    rungs = list(removal_ladder(history))
+    assert [(strategy, removed_results(attempt)) for strategy, attempt in rungs] == expected
+    for _, attempt in rungs:
+        assert len(attempt) == len(history)
+        # Only tool results change; calls, ids and every other message stay exactly as they were.
+        assert [m for m in attempt if m["role"] != "tool"] == [m for m in history if m["role"] != "tool"]
+        assert [m["tool_call_id"] for m in attempt if m["role"] == "tool"] == [f"call_{i}" for i in range(results)]
+
+
+def test_removal_ladder_leaves_the_input_untouched() -> None:
+    history = tool_history(4, result_size=5)
+    snapshot = json.dumps(history)
+    list(removal_ladder(history))
+    assert json.dumps(history) == snapshot
+
+
+# --- the request ------------------------------------------------------------------------------------------
+
+async def test_request_shape(templates: Templates) -> None:
+    history = tool_history(2, result_size=20) + [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "look"},
+                                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
+        {"role": "assistant", "content": "line one\nline two", "reasoning_content": "secret scratch"},
+    ]
+    model = ScriptedModel()
+    summary = await summarize(model, history, templates)
+    assert len(model.requests) == 1 and summary.calls == 1 and summary.strategy == "direct"
+    request = model.requests[0]
+    assert request.system == templates.compaction_prompt(format_transcript(history))
+    assert all(format_message_for_compacting(message) in request.transcript for message in history)
+    assert request.messages == [{"role": "user", "content": templates.compaction_instruction()}]
+    assert "secret scratch" not in request.system
+
+
+@pytest.mark.parametrize("rung", range(5))
+async def test_success_at_rung_r_takes_r_plus_one_requests(rung: int, templates: Templates) -> None:
+    history = tool_history(10)
+    fits = format_transcript(list(removal_ladder(history))[rung][1])
+    model = ScriptedModel(limit=len(fits))
+    summary = await summarize(model, history, templates)
+    assert len(model.requests) == summary.calls == rung + 1
+    assert summary.strategy == ["direct", "removed_tool_results_10", "removed_tool_results_20",
+                                "removed_tool_results_50", "removed_tool_results_100"][rung]
+    removed_at = [set(), {4}, {4, 5}, {2, 3, 4, 5, 6}, set(range(10))]
+    for request, removed in zip(model.requests, removed_at, strict=False):
+        kept = {index for index in range(10) if f"FACT-r{index} " in request.transcript}
+        assert kept == set(range(10)) - removed
+        assert request.transcript.count(REMOVED_TOOL_RESULT) == len(removed)
+        assert request.transcript.count("tool_request(run_step)") == 10
+        assert all(f"FACT-u{index} " in request.transcript for index in range(10))
+    assert markers(summary.text) == markers(fits)
+
+
+# --- chunk and merge --------------------------------------------------------------------------------------
+
+async def test_no_tool_results_overflow_goes_straight_to_chunks(templates: Templates) -> None:
+    history = chat(8, padding=500)
+    model = ScriptedModel(limit=len(format_transcript(history[:4])))
+    summary = await summarize(model, history, templates)
+    assert [label(request, templates) for request in model.requests] == [
+        "direct", "part 1/2", "part 2/2", "merge 2"]
+    first, second, merge = model.requests[1:]
+    assert first.transcript == format_transcript(history[:4])
+    assert second.transcript == format_transcript(history[4:])
+    assert markers(merge.transcript) == [f"FACT-{index}" for index in range(8)]
+    assert merge.transcript.count("# Conversation Summary") == 2
+    assert summary.strategy == "chunked" and summary.calls == 4
+    assert markers(summary.text) == [f"FACT-{index}" for index in range(8)]
+    assert summary.text.startswith("# Conversation Summary")
+
+
+async def test_bisection_and_merge_tree_keep_every_fact(templates: Templates) -> None:
+    history = chat(16, padding=200)
+    limit = len(format_transcript(history[-4:]))  # four messages fit, and a merge of two padded summaries
+    model = ScriptedModel(limit=limit, padding=limit // 4)
+    summary = await summarize(model, history, templates)
+    assert [label(request, templates) for request in model.requests] == [
+        "direct", "part 1/2", "part 1/4", "part 2/4", "part 2/2", "part 3/4", "part 4/4",
+        "merge 4", "merge 2", "merge 2", "merge 2"]
+    assert markers(summary.text) == [f"FACT-{index}" for index in range(16)]
+    assert summary.strategy == "chunked" and summary.calls == 11
+
+
+async def test_full_removal_still_overflowing_chunks_with_every_tool_result(templates: Templates) -> None:
+    history = tool_history(10, result_size=2000, user_padding=600)
+    model = ScriptedModel(limit=4000)
+    summary = await summarize(model, history, templates)
+    labels = [label(request, templates) for request in model.requests]
+    assert labels[:5] == ["direct"] * 5 and labels[5].startswith("part ") and labels[-1].startswith("merge ")
+    assert summary.strategy == "chunked"
+    assert set(markers(summary.text)) == {f"FACT-{kind}{index}" for kind in "ur" for index in range(10)}
+    assert not any(REMOVED_TOOL_RESULT in request.transcript for request in model.requests[5:])
+
+
+def window_model(history: list[Message], templates: Templates, counter: TokenCounter, padding: int) -> ScriptedModel:
+    """A model whose window holds the prompt, about five history messages and a quarter left for the reply."""
+    per_message = counter.count_text(format_message_for_compacting(history[0]))
+    framing = counter.count_messages([{"role": "system", "content": templates.compaction_prompt("")},
+                                      {"role": "user", "content": templates.chunk_instruction(1, 2)}])
+    window = (framing + 5 * per_message + 60) * 4 // 3
+
+    def over_window(request: Request) -> bool:
+        return counter.count_messages([{"role": "system", "content": request.system}, *request.messages]) > window
+
+    return ScriptedModel(overflows=over_window, context_window=window, padding=padding)
+
+
+async def test_a_known_window_plans_chunks_by_tokens(templates: Templates, counter: TokenCounter) -> None:
+    history = chat(24, padding=400)
+    model = window_model(history, templates, counter, padding=0)
+    summary = await summarize(model, history, templates, counter=counter)
+    labels = [label(request, templates) for request in model.requests]
+    parts = len(labels) - 2
+    assert parts >= 3
+    assert labels == ["direct", *(f"part {index}/{parts}" for index in range(1, parts + 1)), f"merge {parts}"]
+    assert [label(request, templates) for request in model.overflowed] == ["direct"]
+    chunk_markers = [marker for request in model.requests[1:-1] for marker in markers(request.transcript)]
+    assert chunk_markers == [f"FACT-{index}" for index in range(24)]
+    assert markers(summary.text) == [f"FACT-{index}" for index in range(24)]
+
+
+async def test_a_known_window_plans_merge_groups_by_tokens(templates: Templates, counter: TokenCounter) -> None:
+    history = chat(24, padding=400)
+    model = window_model(history, templates, counter, padding=400)  # two or three partials fill a merge
+    summary = await summarize(model, history, templates, counter=counter)
+    labels = [label(request, templates) for request in model.requests]
+    parts = sum(text.startswith("part ") for text in labels)
+    merges = [int(text.removeprefix("merge ")) for text in labels if text.startswith("merge ")]
+    assert parts >= 3 and len(merges) >= 2 and max(merges) < parts
+    assert [label(request, templates) for request in model.overflowed] == ["direct"]  # every merge group was planned to fit
+    assert markers(summary.text) == [f"FACT-{index}" for index in range(24)]
+
+
+@pytest.mark.parametrize(
+    ("history", "expected_calls"),
+    [([{"role": "user", "content": "FACT-0 " + "z" * 5000}], 1),
+     ([{"role": "user", "content": "FACT-0 short"}, {"role": "assistant", "content": "FACT-1 " + "z" * 5000}], 3)],
+)
+async def test_a_single_message_that_overflows_is_an_error(
+    history: list[Message], expected_calls: int, templates: Templates
+) -> None:
+    model = ScriptedModel(limit=1000)
+    with pytest.raises(SummarizerError, match="single message") as caught:
+        await summarize(model, history, templates)
+    assert type(caught.value) is SummarizerError
+    assert len(model.requests) == caught.value.calls == expected_calls
+
+
+async def test_partial_summaries_too_long_to_merge_are_an_error(templates: Templates) -> None:
+    model = ScriptedModel(overflows=lambda request: "partial summaries" in request.instruction
+                          or len(request.transcript) > 3000)
+    with pytest.raises(SummarizerError, match="too long to merge") as caught:
+        await summarize(model, chat(8, padding=500), templates)
+    assert isinstance(caught.value.__cause__, SummarizerOverflow)
+    assert [label(request, templates) for request in model.requests] == [
+        "direct", "part 1/2", "part 2/2", "merge 2"]
+
+
+async def test_no_messages_is_an_error_without_a_request(templates: Templates) -> None:
+    model = ScriptedModel()
+    with pytest.raises(SummarizerError, match="no messages"):
+        await summarize(model, [], templates)
+    assert model.requests == []
+
+
+# --- replies that are not summaries -----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("chunked", "expected_calls"), [(False, 1), (True, 2)], ids=["direct", "chunk"])
+async def test_a_reply_cut_off_by_the_output_limit_is_not_accepted(
+    chunked: bool, expected_calls: int, templates: Templates
+) -> None:
+    history = chat(8, padding=500)
+    # A truncated part is not split further: the merge would need at least as much output.
+    model = ScriptedModel(limit=len(format_transcript(history[4:])) if chunked else None, finish_reason="length")
+    with pytest.raises(SummaryTruncated) as caught:
+        await summarize(model, history, templates)
+    assert len(model.requests) == caught.value.calls == expected_calls
+    assert caught.value.usage == REPORTED_USAGE  # the cut-off reply was billed; the overflowed request was not
+
+
+@pytest.mark.parametrize("finish_reason", ["stop", None])
+async def test_a_reply_that_finished_normally_is_accepted(finish_reason: str | None, templates: Templates) -> None:
+    summary = await summarize(ScriptedModel(finish_reason=finish_reason), chat(2), templates)
+    assert markers(summary.text) == ["FACT-0", "FACT-1"]
+
+
+@pytest.mark.parametrize("content", ["", "  \n\t", None, [], [{"type": "text", "text": " "}], 42])
+async def test_an_empty_reply_is_an_error(content: Any, templates: Templates) -> None:
+    with pytest.raises(SummarizerError, match="empty") as caught:
+        await summarize(ScriptedModel(reply=content), chat(2), templates)
+    assert type(caught.value) is SummarizerError
+
+
+async def test_a_reply_in_text_parts_is_joined(templates: Templates) -> None:
+    parts = [{"type": "text", "text": "first half, "}, {"type": "text", "text": "second half"}]
+    summary = await summarize(ScriptedModel(reply=parts), chat(2), templates)
+    assert summary.text == "first half, second half"
+
+
+@pytest.mark.parametrize(
+    "error", [RuntimeError("boom"), ValueError("bad json"), TimeoutError(), ConnectionResetError("reset")])
+async def test_other_model_errors_become_summarizer_errors(error: Exception, templates: Templates) -> None:
+    with pytest.raises(SummarizerError) as caught:
+        await summarize(RaisingModel(error), chat(2), templates)
+    assert caught.value.__cause__ is error and caught.value.calls == 1
+    assert type(error).__name__ in str(caught.value)
+
+
+@pytest.mark.parametrize("error", [SummarizerError("adapter gave up"), SummaryTruncated("cut")])
+async def test_summarizer_errors_from_the_model_pass_through(error: SummarizerError, templates: Templates) -> None:
+    with pytest.raises(type(error)) as caught:
+        await summarize(RaisingModel(error), chat(2), templates)
+    assert caught.value is error
+
+
+async def test_cancellation_is_not_wrapped(templates: Templates) -> None:
+    with pytest.raises(asyncio.CancelledError):
+        await summarize(RaisingModel(asyncio.CancelledError()), chat(2), templates)
+
+
+class ShapelessModel:
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+    async def complete(self, system: str, messages: list[Message]) -> Any:
+        return self.result
+
+
+@pytest.mark.parametrize("result", [None, "text", ({"content": "x"},), ("not a message", {})])
+async def test_a_malformed_model_result_is_an_error(result: Any, templates: Templates) -> None:
+    with pytest.raises(SummarizerError):
+        await summarize(ShapelessModel(result), chat(2), templates)
+
+
+# --- usage ------------------------------------------------------------------------------------------------
+
+async def test_usage_is_summed_over_every_call_that_got_a_reply(templates: Templates) -> None:
+    history = chat(8, padding=500)
+    model = ScriptedModel(limit=len(format_transcript(history[:4])))
+    summary = await summarize(model, history, templates)
+    assert summary.calls == 4  # the first request overflowed: nothing to bill
+    assert summary.usage == {key: value * 3 for key, value in REPORTED_USAGE.items()}
+
+
+def estimate(request: Request, reply: str, counter: TokenCounter) -> dict[str, int]:
+    prompt = counter.count_messages([{"role": "system", "content": request.system}, *request.messages])
+    completion = counter.count_text(reply)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+@pytest.mark.parametrize("usage", [None, {}, {"prompt_tokens": None}, "n/a", {"prompt_tokens": True}])
+async def test_missing_usage_is_estimated(usage: Any, templates: Templates, counter: TokenCounter) -> None:
+    model = ScriptedModel(usage=usage, reply="a plain summary of the chat")
+    summary = await summarize(model, chat(4), templates, counter=counter)
+    expected = estimate(model.requests[0], "a plain summary of the chat", counter)
+    assert summary.usage == expected and expected["prompt_tokens"] > 900 and expected["completion_tokens"] > 0
+
+
+async def test_partial_usage_is_completed_by_estimate(templates: Templates, counter: TokenCounter) -> None:
+    model = ScriptedModel(usage={"prompt_tokens": 7}, reply="a plain summary")
+    summary = await summarize(model, chat(2), templates, counter=counter)
+    completion = counter.count_text("a plain summary")
+    assert summary.usage == {"prompt_tokens": 7, "completion_tokens": completion, "total_tokens": 7 + completion}
+
+
+async def test_estimated_usage_is_summed_across_chunks(templates: Templates, counter: TokenCounter) -> None:
+    history = chat(8, padding=500)
+    model = ScriptedModel(limit=len(format_transcript(history[:4])), usage=None)
+    summary = await summarize(model, history, templates, counter=counter)
+    answered = model.requests[1:]
+    expected = [estimate(request, echo_reply(request.transcript, 0), counter) for request in answered]
+    assert summary.usage == {key: sum(item[key] for item in expected) for key in expected[0]}
+
+
+# --- the summary ------------------------------------------------------------------------------------------
+
+async def test_structured_reply_is_rendered(templates: Templates) -> None:
+    reply = ("<analysis>notes</analysis>\n```json\n"
+             + json.dumps({"user_intent": ["ship it"], "next_step": "run `make release`"}) + "\n```")
+    summary = await summarize(ScriptedModel(reply=reply), chat(2), templates)
+    assert summary.structured is not None and summary.structured.user_intent == ("ship it",)
+    assert summary.text.startswith("# Conversation Summary") and "## Next Step" in summary.text
+    assert "notes" not in summary.text
+    assert summary.message == {"role": "user", "content": summary.text}
+
+
+async def test_unparsable_reply_is_kept_verbatim(templates: Templates) -> None:
+    reply = "  The user asked for retries; see proxy/app.py.\n```json\n{\"user_intent\": [\"cut off"
+    summary = await summarize(ScriptedModel(reply=reply), chat(2), templates)
+    assert summary.structured is None
+    assert summary.text == reply and summary.message == {"role": "user", "content": reply}
+
+
+# --- concurrency ------------------------------------------------------------------------------------------
+
+async def test_concurrent_summaries_on_one_model_do_not_interfere(templates: Templates) -> None:
+    histories = [chat(4 + task, padding=300 * (task % 3), tag=f"t{task}.") for task in range(10)]
+    limit = len(format_transcript(chat(6, padding=300)))
+
+    async def alone(history: list[Message]) -> Summary:
+        return await summarize(ScriptedModel(limit=limit), history, templates)
+
+    expected = [await alone(history) for history in histories]
+    shared = ScriptedModel(limit=limit)
+    results = await asyncio.gather(*(summarize(shared, history, templates) for history in histories))
+    assert list(results) == expected
+    assert {summary.strategy for summary in results} == {"direct", "chunked"}
+    for task, summary in enumerate(results):
+        assert markers(summary.text) == [f"FACT-t{task}.{index}" for index in range(4 + task)]
+    assert len(shared.requests) == sum(summary.calls for summary in expected)
