@@ -1,0 +1,98 @@
+"""Composition root: build the aiohttp application from Settings and own every lifecycle."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from proxy import handlers
+from proxy.appkeys import METRICS, PIPELINE, SETTINGS, STORE, UPSTREAM
+from proxy.compactor import Compactor
+from proxy.config import Settings
+from proxy.metrics import Metrics
+from proxy.middleware import openai_errors, require_proxy_key
+from proxy.pipeline import ChatPipeline
+from proxy.store import open_store
+from proxy.summarizer_model import UpstreamChatModel
+from proxy.templates import Templates
+from proxy.tokens import Calibration, TokenCounter
+from proxy.upstream import Upstream, create_session
+from proxy.windows import ContextWindows
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings) -> web.Application:
+    middlewares = [openai_errors]
+    if settings.server.api_keys:
+        middlewares.append(require_proxy_key([key.get_secret_value() for key in settings.server.api_keys]))
+    app = web.Application(client_max_size=settings.server.max_body_bytes, middlewares=middlewares)
+    app[SETTINGS] = settings
+    app[METRICS] = Metrics()
+    app.cleanup_ctx.append(_upstream_and_pipeline)
+    app.router.add_get("/healthz", handlers.healthz)
+    app.router.add_get("/readyz", handlers.readyz)
+    app.router.add_get("/metrics", handlers.metrics)
+    app.router.add_post("/v1/chat/completions", handlers.chat_completions)
+    app.router.add_route("*", "/v1/{tail:.*}", handlers.passthrough)
+    return app
+
+
+async def _upstream_and_pipeline(app: web.Application) -> AsyncIterator[None]:
+    """The HTTP session, the summary store and the chat pipeline live and die with the app."""
+    settings = app[SETTINGS]
+    templates = Templates(settings.compaction.prompts_dir)
+    templates.preload()
+    counter = TokenCounter()
+    windows = ContextWindows(settings)
+    store = open_store(settings.store)
+    async with create_session(settings.upstream) as session:
+        upstream = Upstream(session, settings.upstream)
+        summarizer_config = settings.compaction.summarizer
+        summarizer_upstream = Upstream(session, summarizer_config.upstream) if summarizer_config.upstream \
+            else upstream
+
+        calibration = Calibration()
+
+        def summarizer_model(name: str, headers: Mapping[str, str], max_tokens: int) -> UpstreamChatModel:
+            return UpstreamChatModel(
+                summarizer_upstream, name, headers, max_output_tokens=max_tokens,
+                context_window=windows.window(name), timeout=summarizer_config.timeout,
+                estimate=lambda messages: calibration.adjust(name, counter.count_messages(messages)))
+
+        compactor = Compactor(settings, store, counter, templates, app[METRICS], summarizer_model)
+        pipeline = ChatPipeline(settings, upstream, compactor, counter, calibration, windows, app[METRICS])
+        app[UPSTREAM], app[STORE], app[PIPELINE] = upstream, store, pipeline
+        try:
+            yield
+        finally:
+            await pipeline.close()
+            await store.close()
+
+
+@dataclass
+class RunningServer:
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_server(settings: Settings, *, host: str | None = None, port: int | None = None) -> RunningServer:
+    """Serve `settings` on a TCP socket; port 0 picks a free one. Used by the CLI and the tests alike."""
+    runner = web.AppRunner(create_app(settings), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    bind_host = host if host is not None else settings.server.host
+    site = web.TCPSite(runner, bind_host, settings.server.port if port is None else port)
+    await site.start()
+    bound_port = runner.addresses[0][1]
+    return RunningServer(runner, bind_host, bound_port)

@@ -1,0 +1,100 @@
+"""One try at the upstream: send, then hold the answer back just long enough to tell whether it overflowed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from multidict import CIMultiDict
+
+from proxy.errors import UpstreamTimeout, UpstreamUnreachable
+from proxy.overflow import detect_context_overflow
+from proxy.streaming import SseDecoder, is_content_event, is_error_event, usage_of
+from proxy.upstream import Upstream, UpstreamRequest, response_headers
+
+# An error stream is short; past this much after an error event the rest is not worth holding.
+MAX_ERROR_TAIL = 1024 * 1024
+
+
+@dataclass
+class Attempt:
+    """What the upstream answered. Buffered answers carry `body`; live streams carry `response` and `head`."""
+
+    status: int
+    headers: CIMultiDict[str]
+    body: bytes | None = None
+    response: aiohttp.ClientResponse | None = None
+    head: bytes = b""
+    overflow: bool = False
+    empty_stream: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300 and not self.overflow
+
+    def usage(self) -> dict[str, Any] | None:
+        """Usage of a buffered JSON answer (streams report theirs through a UsageTap)."""
+        if self.body is None or not self.ok:
+            return None
+        try:
+            return usage_of(json.loads(self.body))
+        except ValueError:
+            return None
+
+
+async def send(upstream: Upstream, stack: AsyncExitStack, *, query: str, headers: Mapping[str, str],
+               body: bytes) -> Attempt:
+    """POST a chat completion; errors and whole-body answers are read, event streams probed."""
+    request = UpstreamRequest("POST", "/chat/completions", query, headers, body)
+    response = await stack.enter_async_context(upstream.open(request))
+    if 200 <= response.status < 300 and response.content_type == "text/event-stream":
+        return await _probe_stream(response)
+    payload = await upstream.read_body(response)
+    return Attempt(response.status, response_headers(response.headers, decoded=True), body=payload,
+                   overflow=detect_context_overflow(response.status, payload))
+
+
+async def _probe_stream(response: aiohttp.ClientResponse) -> Attempt:
+    """Hold events back until the first content (a live stream) or an error / the end (a buffered answer)."""
+    headers = response_headers(response.headers, decoded=True)
+    decoder = SseDecoder()
+    head = b""
+    seen_event = False
+    async for chunk in _chunks(response):
+        head += chunk
+        for event in decoder.feed(chunk):
+            seen_event = True
+            if is_error_event(event):
+                rest = await _read_rest(response)
+                whole = head + rest
+                return Attempt(200, headers, body=whole, overflow=detect_context_overflow(200, whole))
+            if is_content_event(event):
+                return Attempt(response.status, headers, response=response, head=head)
+    seen_event = seen_event or bool(decoder.flush())
+    return Attempt(response.status, headers, body=head, overflow=detect_context_overflow(200, head),
+                   empty_stream=not seen_event)
+
+
+async def _chunks(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The body as it arrives; nothing has reached the client yet, so failures can still be proper errors."""
+    try:
+        async for chunk in response.content.iter_any():
+            yield chunk
+    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as error:
+        raise UpstreamTimeout("the upstream went silent before its answer started") from error
+    except aiohttp.ClientError as error:
+        raise UpstreamUnreachable(f"the upstream connection failed ({type(error).__name__})") from error
+
+
+async def _read_rest(response: aiohttp.ClientResponse) -> bytes:
+    rest = b""
+    async for chunk in _chunks(response):
+        rest += chunk
+        if len(rest) > MAX_ERROR_TAIL:
+            break
+    return rest

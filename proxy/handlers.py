@@ -1,0 +1,67 @@
+"""HTTP handlers: parse the request, call the core, respond. Nothing else lives here."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.appkeys import METRICS, PIPELINE, SETTINGS, STORE, UPSTREAM
+from proxy.metrics import CONTENT_TYPE
+from proxy.pipeline import Answer, ChatCall
+from proxy.relay import relay
+from proxy.upstream import UpstreamRequest
+
+API_PREFIX = "/v1"
+
+
+def upstream_request(request: web.Request, body: bytes) -> UpstreamRequest:
+    """The client's request re-addressed below the upstream base URL, query string kept raw."""
+    path, _, query = request.raw_path.partition("?")
+    return UpstreamRequest(request.method, path[len(API_PREFIX):], query, request.headers, body)
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    async with request.app[UPSTREAM].open(upstream_request(request, body)) as response:
+        return await relay(request, response)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    call = ChatCall.parse(body, request.headers, request.raw_path.partition("?")[2])
+    async with request.app[PIPELINE].answer(call) as answer:
+        return await respond(request, answer)
+
+
+async def respond(request: web.Request, answer: Answer) -> web.StreamResponse:
+    """Send the answer; its completion hook runs before the last byte leaves, so work it starts (a background
+    summary) is already claimed when the client's next request arrives."""
+    attempt = answer.attempt
+    if attempt.response is None:
+        headers = attempt.headers.copy()
+        headers.update(answer.compaction)
+        answer.finished()
+        return web.Response(status=attempt.status, body=attempt.body, headers=headers)
+    tap = answer.tap
+
+    def end_of_stream() -> bytes:
+        tail = tap.finish() if tap else b""
+        answer.finished()
+        return tail
+
+    return await relay(request, attempt.response, head=attempt.head, extra_headers=answer.compaction,
+                       chunk_filter=tap.feed if tap else None, on_end=end_of_stream)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    store_ok = await request.app[STORE].ping()
+    body = {"status": "ready" if store_ok else "degraded", "store": "ok" if store_ok else "unreachable",
+            "upstream": request.app[SETTINGS].upstream.base_url}
+    return web.json_response(body, status=200 if store_ok else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].exposition(), headers={"Content-Type": CONTENT_TYPE})

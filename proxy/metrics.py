@@ -1,0 +1,35 @@
+"""Prometheus metrics, one registry per application (no process-wide singletons)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.chat_requests = Counter(
+            "compaction_proxy_chat_requests", "Chat completions by what compaction did (x-compaction)",
+            ["compaction"], registry=self.registry)
+        self.compactions = Counter(
+            "compaction_proxy_compactions", "Summaries built, by trigger", ["trigger"], registry=self.registry)
+        self.summarizer_calls = Counter(
+            "compaction_proxy_summarizer_calls", "Summariser model calls, by result", ["result"],
+            registry=self.registry)
+        self.summarizer_tokens = Counter(
+            "compaction_proxy_summarizer_tokens", "Tokens billed to summaries", ["kind"], registry=self.registry)
+        self.compaction_seconds = Histogram(
+            "compaction_proxy_compaction_seconds", "Time to build one summary", registry=self.registry,
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
+        self.store_errors = Counter(
+            "compaction_proxy_store_errors", "Summary store operations that failed", ["operation"],
+            registry=self.registry)
+        self.upstream_errors = Counter(
+            "compaction_proxy_upstream_errors", "Requests the upstream could not answer", ["kind"],
+            registry=self.registry)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,311 @@
+"""Automatic compaction on the proxy path, driven by the openai SDK against a fake with an enforced window."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from proxy.compaction import check_tool_pairing
+from tests.conftest import ProxyFactory
+from tests.fakes.openai_upstream import FakeUpstream
+from tests.fakes.windowed import FACT, Overflow, WindowedModel
+from tests.sdk import async_client
+
+SYSTEM = {"role": "system", "content": "You keep a list of facts. Answer briefly."}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+WINDOW = 8192
+
+
+def compaction_config(**compaction: Any) -> dict[str, Any]:
+    return {"models": {"default": {"context_window": WINDOW}},
+            "compaction": {"threshold": 0.8, "target": 0.5, "tail_budget": 0.25, **compaction}}
+
+
+def user_turn(index: int) -> dict[str, Any]:
+    filler = " ".join(f"word{index}x{n}" for n in range(60))
+    return {"role": "user", "content": f"Remember FACT-{index}. {filler}"}
+
+
+def big_history(turns: int) -> list[dict[str, Any]]:
+    history: list[dict[str, Any]] = [SYSTEM]
+    for index in range(turns):
+        history += [user_turn(index), {"role": "assistant", "content": f"Noted FACT-{index}. " + "ok " * 60}]
+    return history + [user_turn(turns)]
+
+
+@pytest.fixture
+def model(fake: FakeUpstream) -> WindowedModel:
+    windowed = WindowedModel(window=WINDOW)
+    fake.chat_hook = windowed
+    return windowed
+
+
+async def calibrated(client: openai.AsyncOpenAI, model: WindowedModel, api_key: str = "") -> None:
+    """One small turn first, as every conversation has, so the proxy learns how the upstream counts tokens."""
+    await client.chat.completions.create(model="fake-small", messages=big_history(1))
+    model.received.clear()
+
+
+def assert_fits_and_valid(model: WindowedModel, last_message: dict[str, Any]) -> None:
+    for received in model.chat_calls:
+        assert received.prompt_tokens <= model.window
+        messages = received.body["messages"]
+        assert check_tool_pairing(messages) == []
+        assert json.dumps(messages[0]) == json.dumps(SYSTEM)
+    assert model.chat_calls[-1].body["messages"][-1] == last_message
+
+
+async def test_proactive_compaction_fits_the_window(model: WindowedModel, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config())
+    client = async_client(proxy.url)
+    await calibrated(client, model)
+    history = big_history(20)
+    raw = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
+    assert raw.headers["x-compaction"] == "proactive"
+    assert int(raw.headers["x-compaction-tokens-after"]) < int(raw.headers["x-compaction-tokens-before"])
+    assert len(model.summarizer_calls) == 1 and len(model.chat_calls) == 1
+    assert_fits_and_valid(model, history[-1])
+    forwarded = model.chat_calls[0].body["messages"]
+    assert forwarded[1]["role"] == "user" and "FACT-0" in forwarded[1]["content"]
+    assert forwarded[2]["role"] == "assistant"
+    assert raw.parse().choices[0].message.content.startswith("Noted: Remember FACT-20")
+
+
+async def test_small_conversation_is_untouched(model: WindowedModel, fake: FakeUpstream,
+                                               make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config())
+    body = json.dumps({"model": "fake-small", "messages": big_history(1), "unknown_field": [1, 2]}).encode()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{proxy.url}/v1/chat/completions", data=body,
+                                headers={"Content-Type": "application/json"}) as response:
+            assert response.headers["x-compaction"] == "none"
+    assert fake.requests[-1].body == body
+    assert model.summarizer_calls == []
+
+
+async def test_reactive_compaction_on_openai_overflow(model: WindowedModel, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config(threshold=0))
+    history = big_history(30)
+    raw = await async_client(proxy.url).chat.completions.with_raw_response.create(
+        model="fake-small", messages=history)
+    assert raw.headers["x-compaction"] == "reactive"
+    assert len(model.chat_calls) == 2 and len(model.summarizer_calls) >= 1
+    assert model.chat_calls[0].prompt_tokens > WINDOW >= model.chat_calls[1].prompt_tokens
+    summary = model.chat_calls[1].body["messages"][1]["content"]
+    tail_facts = facts_in(json.dumps(model.chat_calls[1].body["messages"][3:]))
+    assert facts_in(summary) | tail_facts == {f"FACT-{i}" for i in range(31)}
+
+
+async def test_retry_that_still_overflows_returns_the_original_error(model: WindowedModel,
+                                                                     make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config(threshold=0))
+    history = big_history(3)
+    history[-1] = {"role": "user", "content": "FACT-x " + "huge " * 9000}
+    direct_error = None
+    with pytest.raises(openai.BadRequestError) as caught:
+        await async_client(proxy.url).chat.completions.create(model="fake-small", messages=history)
+    direct_error = caught.value
+    assert direct_error.response.headers["x-compaction"] == "failed"
+    assert direct_error.response.json()["error"]["code"] == "context_length_exceeded"
+    assert "maximum context length is 8192" in direct_error.response.json()["error"]["message"]
+
+
+async def test_summariser_down_returns_the_original_error(model: WindowedModel, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config(threshold=0))
+    model.summarizer_down = True
+    with pytest.raises(openai.BadRequestError) as caught:
+        await async_client(proxy.url).chat.completions.create(model="fake-small", messages=big_history(30))
+    assert caught.value.status_code == 400
+    assert caught.value.response.headers["x-compaction"] == "failed"
+    assert caught.value.response.json()["error"]["code"] == "context_length_exceeded"
+    assert len(model.chat_calls) == 1
+
+
+async def test_concurrent_requests_share_one_summary(model: WindowedModel, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config())
+    model.summary_delay = 0.3
+    client = async_client(proxy.url)
+    await calibrated(client, model)
+    history = big_history(20)
+    results = await asyncio.gather(*(client.chat.completions.with_raw_response.create(
+        model="fake-small", messages=history) for _ in range(20)))
+    assert len(model.summarizer_calls) == 1
+    assert {r.headers["x-compaction"] for r in results} <= {"proactive", "reused"}
+    assert len(model.chat_calls) == 20
+
+
+async def test_stored_summary_is_reused_by_the_next_turn(model: WindowedModel, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config(background=False))
+    client = async_client(proxy.url)
+    await calibrated(client, model)
+    history = big_history(20)
+    first = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
+    assert first.headers["x-compaction"] == "proactive"
+    history += [first.parse().choices[0].message.model_dump(exclude_none=True), user_turn(21)]
+    second = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
+    assert second.headers["x-compaction"] == "reused"
+    assert len(model.summarizer_calls) == 1
+    assert_fits_and_valid(model, history[-1])
+
+
+async def test_tenants_never_share_summaries(model: WindowedModel, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config(background=False))
+    history = big_history(20)
+    await calibrated(async_client(proxy.url), model)
+    for key in ("sk-tenant-a", "sk-tenant-b", "sk-tenant-a"):
+        await async_client(proxy.url, api_key=key).chat.completions.create(model="fake-small", messages=history)
+    assert len(model.summarizer_calls) == 2
+    assert [c.body["messages"][0]["content"] for c in model.summarizer_calls][0].count("FACT-0") >= 1
+
+
+async def test_mode_header_off_and_force(model: WindowedModel, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config())
+    client = async_client(proxy.url)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model="fake-small", messages=big_history(30),
+                                             extra_headers={"x-compaction-mode": "off"})
+    assert caught.value.response.headers["x-compaction"] == "none"
+    forced = await client.chat.completions.with_raw_response.create(
+        model="fake-small", messages=big_history(3), extra_headers={"x-compaction-mode": "force"})
+    assert forced.headers["x-compaction"] == "proactive"
+    assert all("x-compaction-mode" not in {k.lower() for k in r.headers} for r in [])
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.chat.completions.create(model="fake-small", messages=big_history(1),
+                                             extra_headers={"x-compaction-mode": "sometimes"})
+    assert bad.value.response.json()["error"]["param"] == "x-compaction-mode"
+
+
+async def test_malformed_json_is_openai_shaped_400(model: WindowedModel, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config())
+    async with aiohttp.ClientSession() as session:
+        for body in (b"{not json", b"\xff\xfe", b"[1, 2]"):
+            async with session.post(f"{proxy.url}/v1/chat/completions", data=body) as response:
+                assert response.status == 400
+                assert set((await response.json())["error"]) == {"message", "type", "param", "code"}
+    assert model.received == []
+
+
+def facts_in(text: str) -> set[str]:
+    return set(FACT.findall(text))
+
+
+async def test_sqlite_store_reuses_a_summary_after_restart(model: WindowedModel, make_proxy: ProxyFactory,
+                                                           tmp_path: Any) -> None:
+    overrides = {**compaction_config(background=False),
+                 "store": {"kind": "sqlite", "path": str(tmp_path / "summaries.db")}}
+    first_proxy = await make_proxy(overrides)
+    client = async_client(first_proxy.url)
+    await calibrated(client, model)
+    history = big_history(20)
+    first = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
+    assert first.headers["x-compaction"] == "proactive"
+    await first_proxy.stop()
+
+    second_proxy = await make_proxy(overrides)
+    history += [first.parse().choices[0].message.model_dump(exclude_none=True), user_turn(21)]
+    second = await async_client(second_proxy.url).chat.completions.with_raw_response.create(
+        model="fake-small", messages=history)
+    assert second.headers["x-compaction"] == "reused"
+    assert len(model.summarizer_calls) == 1
+
+
+async def test_background_summary_is_ready_before_the_next_turn(model: WindowedModel,
+                                                                make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config())
+    client = async_client(proxy.url)
+    history = [SYSTEM]
+    for turn in range(40):
+        history.append(user_turn(turn))
+        raw = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
+        history.append(raw.parse().choices[0].message.model_dump(exclude_none=True))
+        assert raw.headers["x-compaction"] in ("none", "reused")
+        if model.summarizer_calls:
+            break
+    assert model.summarizer_calls, "usage never passed the threshold"
+    for _ in range(200):
+        if await background_done(proxy.url):
+            break
+        await asyncio.sleep(0.01)
+    history.append(user_turn(99))
+    following = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
+    assert following.headers["x-compaction"] == "reused"
+    assert len(model.summarizer_calls) == 1
+    assert model.summarizer_calls[0].at < model.chat_calls[-1].at
+    assert_fits_and_valid(model, history[-1])
+
+
+async def background_done(proxy_url: str) -> bool:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{proxy_url}/metrics") as response:
+            return 'compaction_proxy_compactions_total{trigger="background"} 1.0' in await response.text()
+
+
+async def test_empty_stream_near_the_window_is_compacted_and_retried(model: WindowedModel,
+                                                                     make_proxy: ProxyFactory) -> None:
+    model.overflow = Overflow(200, "", "text/event-stream")
+    proxy = await make_proxy(compaction_config(threshold=0))
+    history = big_history(30)
+    async with async_client(proxy.url).chat.completions.with_streaming_response.create(
+            model="fake-small", messages=history, stream=True) as response:
+        assert response.headers["x-compaction"] == "reactive"
+        text = "".join([c.choices[0].delta.content or "" async for c in await response.parse() if c.choices])
+    assert text.startswith("Noted: Remember FACT-30")
+    assert len(model.chat_calls) == 2
+
+
+async def test_empty_stream_far_from_the_window_passes_through(model: WindowedModel,
+                                                               make_proxy: ProxyFactory) -> None:
+    model.always_answer = Overflow(200, "", "text/event-stream")
+    proxy = await make_proxy(compaction_config(threshold=0))
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{proxy.url}/v1/chat/completions",
+                                json={"model": "m", "messages": big_history(1), "stream": True}) as response:
+            assert (response.status, await response.read()) == (200, b"")
+            assert response.headers["x-compaction"] == "none"
+    assert model.summarizer_calls == []
+
+
+async def test_usage_chunk_reaches_only_clients_that_asked(model: WindowedModel, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config())
+    client = async_client(proxy.url)
+    for asked in (False, True):
+        options = {"stream_options": {"include_usage": True}} if asked else {}
+        stream = await client.chat.completions.create(model="fake-small", messages=big_history(1), stream=True,
+                                                      **options)
+        chunks = [chunk async for chunk in stream]
+        usage_chunks = [c for c in chunks if not c.choices and c.usage is not None]
+        assert len(usage_chunks) == (1 if asked else 0)
+        assert model.chat_calls[-1].body["stream_options"] == {"include_usage": True}
+
+
+async def test_store_failure_keeps_serving(model: WindowedModel, make_proxy: ProxyFactory, tmp_path: Any) -> None:
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    proxy = await make_proxy({**compaction_config(), "store": {"kind": "sqlite", "path": str(blocked / "x.db")}})
+    client = async_client(proxy.url)
+    await calibrated(client, model)
+    raw = await client.chat.completions.with_raw_response.create(model="fake-small", messages=big_history(20))
+    assert raw.headers["x-compaction"] == "proactive"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{proxy.url}/readyz") as response:
+            assert response.status == 503 and (await response.json())["store"] == "unreachable"
+        async with session.get(f"{proxy.url}/metrics") as response:
+            assert 'compaction_proxy_store_errors_total{operation="put"} 1.0' in await response.text()
+
+
+async def test_model_that_manages_its_own_context_is_left_alone(model: WindowedModel,
+                                                                make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy({**compaction_config(),
+                              "models": {"default": {"context_window": WINDOW},
+                                         "self-managing": {"context_window": WINDOW, "manages_own_context": True}}})
+    with pytest.raises(openai.BadRequestError) as caught:
+        await async_client(proxy.url).chat.completions.create(model="self-managing", messages=big_history(30))
+    assert caught.value.response.headers["x-compaction"] == "none"
+    assert model.summarizer_calls == []
