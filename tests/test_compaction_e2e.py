@@ -309,3 +309,51 @@ async def test_model_that_manages_its_own_context_is_left_alone(model: WindowedM
         await async_client(proxy.url).chat.completions.create(model="self-managing", messages=big_history(30))
     assert caught.value.response.headers["x-compaction"] == "none"
     assert model.summarizer_calls == []
+
+
+async def test_summariser_uses_the_client_credentials(model: WindowedModel, fake: FakeUpstream,
+                                                      make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config())
+    client = async_client(proxy.url, api_key="sk-client-key")
+    await calibrated(client, model)
+    await client.chat.completions.create(model="fake-small", messages=big_history(20))
+    summariser_requests = [r for r in fake.requests if "<analysis>" in r.body.decode()]
+    assert [r.headers["Authorization"] for r in summariser_requests] == ["Bearer sk-client-key"]
+    assert "x-compaction-mode" not in {name.lower() for r in fake.requests for name in r.headers}
+
+
+async def test_separate_summariser_upstream_model_and_key(model: WindowedModel, fake: FakeUpstream,
+                                                          make_proxy: ProxyFactory) -> None:
+    from tests.conftest import serve_app
+    from tests.fakes.openai_upstream import FakeUpstreamApp
+
+    summariser_fake = FakeUpstream()
+    summariser_model = WindowedModel(window=32768)
+    summariser_fake.chat_hook = summariser_model
+    runner, url = await serve_app(FakeUpstreamApp(summariser_fake).build())
+    try:
+        proxy = await make_proxy(compaction_config(summarizer={
+            "model": "summary-model", "upstream": {"base_url": f"{url}/v1", "api_key": "sk-summaries"}}))
+        client = async_client(proxy.url)
+        await calibrated(client, model)
+        raw = await client.chat.completions.with_raw_response.create(model="fake-small", messages=big_history(20))
+    finally:
+        await runner.cleanup()
+    assert raw.headers["x-compaction"] == "proactive"
+    assert model.summarizer_calls == [] and len(summariser_model.summarizer_calls) == 1
+    assert summariser_model.summarizer_calls[0].body["model"] == "summary-model"
+    assert summariser_fake.requests[0].headers["Authorization"] == "Bearer sk-summaries"
+
+
+async def test_window_named_in_an_overflow_error_is_learned(model: WindowedModel,
+                                                            make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy({"compaction": {"threshold": 0.8}})     # the proxy believes in a 128k window
+    client = async_client(proxy.url)
+    first = await client.chat.completions.with_raw_response.create(model="fake-small", messages=big_history(30))
+    assert first.headers["x-compaction"] == "reactive"
+    chat_calls = len(model.chat_calls)
+    history = big_history(30)
+    history[1] = user_turn(1000)                                       # a new conversation, as large
+    second = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
+    assert second.headers["x-compaction"] == "proactive"
+    assert len(model.chat_calls) == chat_calls + 1                     # no overflow reached the upstream
