@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 log = logging.getLogger(__name__)
 
 DEFAULT_THRESHOLD = 0.8
+TARGET_SHARE_OF_THRESHOLD = 0.625  # the default target (0.5) over the default threshold (0.8)
 MIB = 1024 * 1024
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -174,6 +175,12 @@ def _apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[st
         return raw  # validation reports the malformed section by its path
     compaction = dict(section or {})
     compaction["threshold"] = threshold
+    target = compaction.get("target", CompactionConfig.model_fields["target"].default)
+    if 0 < threshold < 1 and isinstance(target, int | float) and target >= threshold:
+        # An operator lowering the threshold from the environment should not have to edit the file as well.
+        compaction["target"] = round(threshold * TARGET_SHARE_OF_THRESHOLD, 4)
+        log.warning("COMPACTION_THRESHOLD=%s is not above compaction.target (%s); using target %s",
+                    threshold, target, compaction["target"])
     return {**raw, "compaction": compaction}
 
 

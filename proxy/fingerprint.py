@@ -7,10 +7,16 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 
 def canonical_json(value: Any) -> bytes:
-    """Stable bytes for a JSON value: sorted keys, no insignificant whitespace."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    """Stable bytes for a JSON value: sorted keys, no insignificant whitespace, UTF-8."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        # Values orjson refuses (integers beyond 64 bits, NaN from lenient parsing) still need a stable form.
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def message_digest(message: Any) -> bytes:

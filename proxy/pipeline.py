@@ -10,6 +10,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from multidict import CIMultiDict
 
 from proxy.attempt import Attempt, send
@@ -31,6 +32,13 @@ MODE_HEADER = "x-compaction-mode"
 MODES = ("off", "auto", "force")
 # Request fields through which a provider manages the context itself; such requests are left alone.
 SELF_MANAGED_FIELDS = ("context_management", "truncation", "transforms")
+
+
+def encode_json(payload: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(payload)
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(payload, ensure_ascii=False).encode()
 
 
 @dataclass(frozen=True)
@@ -221,7 +229,7 @@ class ChatPipeline:
                 options = call.payload.get("stream_options")
                 payload["stream_options"] = {**(options if isinstance(options, dict) else {}),
                                              "include_usage": True}
-            body = json.dumps(payload, ensure_ascii=False).encode()
+            body = encode_json(payload)
         return await send(self._upstream, stack, query=call.query, headers=call.headers, body=body)
 
     def _headers(self, journey: Journey) -> dict[str, str]:

@@ -357,3 +357,20 @@ async def test_window_named_in_an_overflow_error_is_learned(model: WindowedModel
     second = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
     assert second.headers["x-compaction"] == "proactive"
     assert len(model.chat_calls) == chat_calls + 1                     # no overflow reached the upstream
+
+
+async def test_one_structured_log_line_per_compaction_without_text(model: WindowedModel, make_proxy: ProxyFactory,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    proxy = await make_proxy(compaction_config())
+    client = async_client(proxy.url, api_key="sk-secret-key-123")
+    await calibrated(client, model)
+    with caplog.at_level("INFO", logger="proxy.compaction"):
+        await client.chat.completions.create(model="fake-small", messages=big_history(20))
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "proxy.compaction"]
+    assert len(lines) == 1
+    event = lines[0]
+    assert event["trigger"] == "proactive" and event["summarizer_calls"] == 1
+    assert event["tokens_after"] < event["tokens_before"] and event["messages_after"] < event["messages_before"]
+    assert event["summarizer_prompt_tokens"] > 0 and event["duration_ms"] >= 0
+    everything = "\n".join(r.getMessage() for r in caplog.records)
+    assert "FACT-" not in everything and "sk-secret-key-123" not in everything

@@ -418,3 +418,10 @@ def test_empty_file_means_every_default(tmp_path: Path, content: str) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(content, encoding="utf-8")
     assert load_settings(path, env={}) == Settings()
+
+
+@pytest.mark.parametrize("threshold,target", [("0.4", 0.25), ("0.5", 0.3125), ("0.9", 0.5)])
+def test_threshold_from_environment_below_the_target_moves_the_target(threshold: str, target: float) -> None:
+    settings = settings_from_mapping({}, env={"COMPACTION_THRESHOLD": threshold})
+    assert settings.compaction.threshold == float(threshold)
+    assert settings.compaction.target == target
