@@ -69,6 +69,8 @@ class SummarizerConfig(_Frozen):
     model: str | None = None
     upstream: UpstreamConfig | None = None
     max_output_tokens: int = Field(4096, gt=0)
+    # Reasoning models reject max_tokens; older servers know nothing else.
+    output_limit_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
     timeout: float = Field(180.0, gt=0)
 
 

@@ -374,3 +374,14 @@ async def test_one_structured_log_line_per_compaction_without_text(model: Window
     assert event["summarizer_prompt_tokens"] > 0 and event["duration_ms"] >= 0
     everything = "\n".join(r.getMessage() for r in caplog.records)
     assert "FACT-" not in everything and "sk-secret-key-123" not in everything
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+async def test_summariser_output_limit_field(field: str, model: WindowedModel, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config(summarizer={"output_limit_field": field}))
+    client = async_client(proxy.url)
+    await calibrated(client, model)
+    await client.chat.completions.create(model="fake-small", messages=big_history(20))
+    body = model.summarizer_calls[0].body
+    other = {"max_tokens", "max_completion_tokens"} - {field}
+    assert isinstance(body[field], int) and body[field] > 0 and not other & set(body)
