@@ -95,12 +95,8 @@ class Upstream:
     @asynccontextmanager
     async def open(self, request: UpstreamRequest) -> AsyncIterator[aiohttp.ClientResponse]:
         """The upstream response with headers read; the connection is closed if the caller leaves early."""
-        headers = request_headers(request.headers, self._api_key)
         try:
-            response = await self._session.request(
-                request.method, self.url_for(request.path, request.query), headers=headers,
-                data=request.body if request.body else None, timeout=self._timeout,
-                allow_redirects=False, compress=False)
+            response = await self._request(request)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as error:
             raise UpstreamTimeout(f"the upstream did not answer within {self.config.idle_timeout:g}s") from error
         except aiohttp.ClientError as error:
@@ -111,6 +107,22 @@ class Upstream:
         finally:
             if not response.closed:
                 response.close()
+
+    async def _request(self, request: UpstreamRequest) -> aiohttp.ClientResponse:
+        headers = request_headers(request.headers, self._api_key)
+        for attempt in range(2):
+            try:
+                return await self._session.request(
+                    request.method, self.url_for(request.path, request.query), headers=headers,
+                    data=request.body if request.body else None, timeout=self._timeout,
+                    allow_redirects=False, compress=False)
+            except aiohttp.ServerDisconnectedError:
+                # A pooled keep-alive connection the server had already closed: nothing was answered, so one
+                # more try on a fresh connection is safe. A second disconnect is a real failure.
+                if attempt:
+                    raise
+                log.info("upstream closed a pooled connection; retrying on a new one")
+        raise AssertionError("unreachable")
 
     async def read_body(self, response: aiohttp.ClientResponse) -> bytes:
         """The whole body of a response, with idle timeouts and resets as proxy errors."""

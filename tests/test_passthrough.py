@@ -258,3 +258,36 @@ async def test_concurrent_streams_all_complete(proxy: RunningServer) -> None:
     for index, events in enumerate(results):
         text = "".join(e["choices"][0]["delta"]["content"] or "" for e in events if e["choices"])
         assert text.strip() == f"echo: n{index}"
+
+
+async def test_stale_pooled_connection_is_retried_once(make_proxy: ProxyFactory) -> None:
+    """A server that answers one request per connection and drops the next one unanswered, like a server that
+    closes a kept-alive connection just as the proxy reuses it."""
+    answered = 0
+
+    async def one_answer_per_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal answered
+        for request_index in range(2):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next((line.split(b":")[1] for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length")), b"0"))
+            await reader.readexactly(length)
+            if request_index == 1:
+                break
+            answered += 1
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n"
+                         b'{"object":"ok"}')
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(one_answer_per_connection, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        proxy = await make_proxy({"upstream": {"base_url": f"http://127.0.0.1:{port}/v1"}})
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3):
+                async with session.post(f"{proxy.url}/v1/things", data=b"{}") as response:
+                    assert (response.status, await response.read()) == (200, b'{"object":"ok"}')
+    finally:
+        server.close()
+    assert answered == 3
