@@ -61,7 +61,7 @@ async def _upstream_and_pipeline(app: web.Application) -> AsyncIterator[None]:
             return UpstreamChatModel(
                 summarizer_upstream, name, headers, max_output_tokens=max_tokens,
                 context_window=windows.window(name), timeout=summarizer_config.timeout,
-                output_field=summarizer_config.output_limit_field,
+                output_field=summarizer_config.output_limit_field, temperature=summarizer_config.temperature,
                 estimate=lambda messages: calibration.adjust(name, counter.count_messages(messages)))
 
         compactor = Compactor(settings, store, counter, templates, app[METRICS], summarizer_model)

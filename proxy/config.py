@@ -71,6 +71,8 @@ class SummarizerConfig(_Frozen):
     max_output_tokens: int = Field(4096, gt=0)
     # Reasoning models reject max_tokens; older servers know nothing else.
     output_limit_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    # None sends no temperature (some models accept only their default); 0 makes summaries repeatable.
+    temperature: float | None = Field(None, ge=0, le=2)
     timeout: float = Field(180.0, gt=0)
 
 

@@ -27,7 +27,7 @@ class UpstreamChatModel:
 
     def __init__(self, upstream: Upstream, model: str, headers: Mapping[str, str], *, max_output_tokens: int,
                  context_window: int | None, timeout: float, estimate: Callable[[list[dict[str, Any]]], int],
-                 output_field: str = "max_tokens") -> None:
+                 output_field: str = "max_tokens", temperature: float | None = None) -> None:
         self._upstream = upstream
         self.model = model
         self._headers = {**credential_headers(headers), "Content-Type": "application/json"}
@@ -36,6 +36,7 @@ class UpstreamChatModel:
         self._timeout = timeout
         self._output_field = output_field
         self._estimate = estimate
+        self._temperature = temperature
 
     def output_limit(self, messages: list[dict[str, Any]]) -> int:
         """The output budget left once the prompt is in; servers reject prompt + max_tokens over the window."""
@@ -51,6 +52,8 @@ class UpstreamChatModel:
         sent = [{"role": "system", "content": system}, *messages]
         payload = {"model": self.model, "messages": sent, "stream": False,
                    self._output_field: self.output_limit(sent)}
+        if self._temperature is not None:
+            payload["temperature"] = self._temperature
         request = UpstreamRequest("POST", "/chat/completions", "", self._headers, json.dumps(payload).encode())
         try:
             async with asyncio.timeout(self._timeout):

@@ -116,10 +116,11 @@ class Upstream:
                     request.method, self.url_for(request.path, request.query), headers=headers,
                     data=request.body if request.body else None, timeout=self._timeout,
                     allow_redirects=False, compress=False)
-            except aiohttp.ServerDisconnectedError:
-                # A pooled keep-alive connection the server had already closed: nothing was answered, so one
-                # more try on a fresh connection is safe. A second disconnect is a real failure.
-                if attempt:
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as error:
+                # A pooled keep-alive connection the server had already closed (disconnect, reset or broken pipe
+                # on write): nothing was answered, so one more try on a fresh connection is safe. Failing to
+                # connect at all, or failing twice, is a real failure.
+                if attempt or isinstance(error, aiohttp.ClientConnectorError):
                     raise
                 log.info("upstream closed a pooled connection; retrying on a new one")
         raise AssertionError("unreachable")

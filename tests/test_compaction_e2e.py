@@ -385,3 +385,13 @@ async def test_summariser_output_limit_field(field: str, model: WindowedModel, m
     body = model.summarizer_calls[0].body
     other = {"max_tokens", "max_completion_tokens"} - {field}
     assert isinstance(body[field], int) and body[field] > 0 and not other & set(body)
+
+
+@pytest.mark.parametrize("temperature", [None, 0])
+async def test_summariser_temperature(temperature: float | None, model: WindowedModel,
+                                      make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config(summarizer={"temperature": temperature}))
+    client = async_client(proxy.url)
+    await calibrated(client, model)
+    await client.chat.completions.create(model="fake-small", messages=big_history(20))
+    assert model.summarizer_calls[0].body.get("temperature", "unset") == ("unset" if temperature is None else 0)
