@@ -100,7 +100,6 @@ class CompactionConfig(_Frozen):
 class ModelConfig(_Frozen):
     context_window: int = Field(128000, gt=0)
     manages_own_context: bool = False
-    encoding: str | None = None
 
 
 class StoreConfig(_Frozen):

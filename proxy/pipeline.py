@@ -32,6 +32,7 @@ MODE_HEADER = "x-compaction-mode"
 MODES = ("off", "auto", "force")
 # Request fields through which a provider manages the context itself; such requests are left alone.
 SELF_MANAGED_FIELDS = ("context_management", "truncation", "transforms")
+LARGE_BODY_BYTES = 256 * 1024
 
 
 def encode_json(payload: dict[str, Any]) -> bytes:
@@ -151,6 +152,10 @@ class ChatPipeline:
 
     async def _journey(self, call: ChatCall, stack: AsyncExitStack) -> Answer:
         assert call.messages is not None
+        if len(call.body) > LARGE_BODY_BYTES:
+            # Tokenising a large history is CPU work: done off the event loop, it fills the per-message cache
+            # that every estimate below reads.
+            await asyncio.to_thread(self._counter.count_request, call.payload)
         namespace = namespace_for(call.headers, self._settings.server.tenant_header)
         conversation = await self._compactor.reuse(call.messages, hash_chain(call.messages, namespace), namespace)
         journey = Journey(call, conversation, self._windows.window(call.model),

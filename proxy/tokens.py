@@ -56,6 +56,9 @@ _REMOTE_FILES["gpt2"] = (
 )
 
 
+SLICE_CHARS = 16_384
+
+
 @dataclass(frozen=True, slots=True)
 class TextEncoding:
     """A way to count the tokens of a text, and the name of the encoding actually behind it."""
@@ -104,7 +107,14 @@ def cached_locally(encoding_name: str) -> bool:
 
 def _tiktoken_counter(encoding: tiktoken.Encoding) -> Callable[[str], int]:
     encode = encoding.encode_ordinary  # ordinary: "<|endoftext|>" in user text is text, not an error
-    return lambda text: len(encode(text))
+
+    def count(text: str) -> int:
+        if len(text) <= SLICE_CHARS:
+            return len(encode(text))
+        # Long runs without a word break make BPE slow; slices keep the cost linear for a token or so each.
+        return sum(len(encode(text[start:start + SLICE_CHARS])) for start in range(0, len(text), SLICE_CHARS))
+
+    return count
 
 
 def load_cached_encoding(encoding_name: str) -> TextEncoding | None:

@@ -290,7 +290,7 @@ def test_interpolation(value: Any, env: dict[str, str], expected: Any) -> None:
 @pytest.mark.parametrize("tree", [
     {"upstream": {"api_key": "${MISSING_UPSTREAM_KEY}"}},
     {"server": {"api_keys": ["${MISSING_UPSTREAM_KEY}"]}},
-    {"models": {"gpt-4o": {"encoding": "prefix-${MISSING_UPSTREAM_KEY}"}}},
+    {"models": {"gpt-4o": {"context_window": "${MISSING_UPSTREAM_KEY}"}}},
 ])
 def test_missing_variable_is_a_config_error_naming_it(tree: dict[str, Any]) -> None:
     assert "MISSING_UPSTREAM_KEY" in invalid(tree)

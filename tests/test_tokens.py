@@ -457,3 +457,19 @@ def test_concurrent_observations_stay_consistent() -> None:
 
 def test_sha1_naming_is_tiktokens() -> None:
     assert Path(cached_blob_path(CL100K_URL, "/c")).name == hashlib.sha1(CL100K_URL.encode()).hexdigest()
+
+
+@pytest.mark.parametrize("text", [
+    "The quick brown fox jumps over the lazy dog. " * 3000,
+    "x" * 100_000,
+    "".join(f"line {n}: value={n * 7}\n" for n in range(8000)),
+])
+def test_long_text_is_counted_in_slices_within_a_token_per_slice(text: str) -> None:
+    from proxy.tokens import SLICE_CHARS, load_encoding
+    import tiktoken
+    encoding = load_encoding("cl100k_base")
+    exact = len(tiktoken.get_encoding(encoding.name).encode_ordinary(text)) if encoding.source != "estimate" \
+        else encoding.count(text)
+    slices = -(-len(text) // SLICE_CHARS)
+    assert len(text) > SLICE_CHARS
+    assert exact <= encoding.count(text) <= exact + 2 * slices
