@@ -17,7 +17,7 @@ from proxy.attempt import Attempt, send
 from proxy.compaction import Message
 from proxy.compactor import Compacted, Compactor, Conversation
 from proxy.config import Settings
-from proxy.errors import BadRequest
+from proxy.errors import BadRequest, ProxyError
 from proxy.fingerprint import hash_chain, namespace_for
 from proxy.metrics import Metrics
 from proxy.overflow import context_limit_from_error
@@ -176,8 +176,12 @@ class ChatPipeline:
         if journey.failed or not await self._compact(journey, "reactive"):
             journey.failed = True
             return first
-        retry = await self._send(journey, stack)
-        if retry.overflow or retry.empty_stream:
+        try:
+            retry = await self._send(journey, stack)
+        except ProxyError as error:
+            log.warning("retry after compaction failed: %s", error.message)
+            retry = None
+        if retry is None or retry.overflow or retry.empty_stream:
             journey.failed = True
             return first
         return retry

@@ -395,3 +395,25 @@ async def test_summariser_temperature(temperature: float | None, model: Windowed
     await calibrated(client, model)
     await client.chat.completions.create(model="fake-small", messages=big_history(20))
     assert model.summarizer_calls[0].body.get("temperature", "unset") == ("unset" if temperature is None else 0)
+
+
+async def test_retry_that_cannot_reach_the_upstream_returns_the_original_error(
+        model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config(threshold=0))
+    original_hook = fake.chat_hook
+    chat_calls = 0
+
+    async def drop_the_retry(request: Any, body: dict[str, Any], state: FakeUpstream) -> Any:
+        nonlocal chat_calls
+        is_summary = "<analysis>" in str(body["messages"][0].get("content"))
+        chat_calls += 0 if is_summary else 1
+        if chat_calls >= 2 and not is_summary and request.transport is not None:
+            request.transport.abort()          # the retry (and its reconnect): the connection dies unanswered
+            await asyncio.sleep(0.1)
+        return await original_hook(request, body, state)
+
+    fake.chat_hook = drop_the_retry
+    with pytest.raises(openai.BadRequestError) as caught:
+        await async_client(proxy.url).chat.completions.create(model="fake-small", messages=big_history(30))
+    assert caught.value.response.headers["x-compaction"] == "failed"
+    assert caught.value.response.json()["error"]["code"] == "context_length_exceeded"
