@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
@@ -85,7 +84,7 @@ async def _chunks(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
     try:
         async for chunk in response.content.iter_any():
             yield chunk
-    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as error:
+    except (TimeoutError, aiohttp.ServerTimeoutError) as error:
         raise UpstreamTimeout("the upstream went silent before its answer started") from error
     except aiohttp.ClientError as error:
         raise UpstreamUnreachable(f"the upstream connection failed ({type(error).__name__})") from error

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -168,7 +169,7 @@ def _apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[st
         return raw
     try:
         threshold = float(text)
-        if threshold < 0 or threshold != threshold:
+        if threshold < 0 or math.isnan(threshold):
             raise ValueError(text)
     except ValueError:
         log.warning("COMPACTION_THRESHOLD=%r is not a number >= 0; using %s", text, DEFAULT_THRESHOLD)

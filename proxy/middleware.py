@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 
-from proxy.fingerprint import presented_key
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized, openai_error_body
+from proxy.fingerprint import presented_key
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
@@ -37,7 +36,7 @@ async def relay(request: web.Request, upstream: aiohttp.ClientResponse, *, head:
             out = chunk_filter(chunk) if chunk_filter else chunk
             if out:
                 await response.write(out)
-    except (asyncio.TimeoutError, aiohttp.ClientError) as error:
+    except (TimeoutError, aiohttp.ClientError) as error:
         # The status line is already out; cutting the connection is the only honest signal left.
         log.warning("upstream failed mid-response (%s); closing the client connection", type(error).__name__)
         if request.transport is not None:

@@ -117,11 +117,7 @@ def is_error_event(event: SseEvent) -> bool:
     if event.event == "error" or event.field("error") is not None:
         return True
     payload = event.json()
-    if not isinstance(payload, dict):
-        return False
-    if "error" in payload or payload.get("type") in ("error", "response.failed"):
-        return True
-    return False
+    return isinstance(payload, dict) and ("error" in payload or payload.get("type") in ("error", "response.failed"))
 
 
 def usage_of(payload: Any) -> dict[str, Any] | None:

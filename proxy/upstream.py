@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -97,7 +96,7 @@ class Upstream:
         """The upstream response with headers read; the connection is closed if the caller leaves early."""
         try:
             response = await self._request(request)
-        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as error:
+        except (TimeoutError, aiohttp.ServerTimeoutError) as error:
             raise UpstreamTimeout(f"the upstream did not answer within {self.config.idle_timeout:g}s") from error
         except aiohttp.ClientError as error:
             log.warning("upstream %s unreachable: %s", self.config.base_url, type(error).__name__)
@@ -129,7 +128,7 @@ class Upstream:
         """The whole body of a response, with idle timeouts and resets as proxy errors."""
         try:
             return await response.read()
-        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as error:
+        except (TimeoutError, aiohttp.ServerTimeoutError) as error:
             raise UpstreamTimeout("the upstream went silent while sending its answer") from error
         except aiohttp.ClientError as error:
             raise UpstreamUnreachable(f"the upstream connection failed ({type(error).__name__})") from error

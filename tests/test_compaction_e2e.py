@@ -162,7 +162,7 @@ async def test_tenants_never_share_summaries(model: WindowedModel, make_proxy: P
     for key in ("sk-tenant-a", "sk-tenant-b", "sk-tenant-a"):
         await async_client(proxy.url, api_key=key).chat.completions.create(model="fake-small", messages=history)
     assert len(model.summarizer_calls) == 2
-    assert [c.body["messages"][0]["content"] for c in model.summarizer_calls][0].count("FACT-0") >= 1
+    assert all("FACT-0" in c.body["messages"][0]["content"] for c in model.summarizer_calls)
 
 
 async def test_mode_header_off_and_force(model: WindowedModel, make_proxy: ProxyFactory) -> None:
@@ -175,7 +175,6 @@ async def test_mode_header_off_and_force(model: WindowedModel, make_proxy: Proxy
     forced = await client.chat.completions.with_raw_response.create(
         model="fake-small", messages=big_history(3), extra_headers={"x-compaction-mode": "force"})
     assert forced.headers["x-compaction"] == "proactive"
-    assert all("x-compaction-mode" not in {k.lower() for k in r.headers} for r in [])
     with pytest.raises(openai.BadRequestError) as bad:
         await client.chat.completions.create(model="fake-small", messages=big_history(1),
                                              extra_headers={"x-compaction-mode": "sometimes"})

@@ -465,8 +465,9 @@ def test_sha1_naming_is_tiktokens() -> None:
     "".join(f"line {n}: value={n * 7}\n" for n in range(8000)),
 ])
 def test_long_text_is_counted_in_slices_within_a_token_per_slice(text: str) -> None:
-    from proxy.tokens import SLICE_CHARS, load_encoding
     import tiktoken
+
+    from proxy.tokens import SLICE_CHARS, load_encoding
     encoding = load_encoding("cl100k_base")
     exact = len(tiktoken.get_encoding(encoding.name).encode_ordinary(text)) if encoding.source != "estimate" \
         else encoding.count(text)
