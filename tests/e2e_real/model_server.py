@@ -118,7 +118,9 @@ def server_command(python: str, model: Path, port: int, n_ctx: int, chat_format:
                # call then reads only its new messages, not its whole history again.
                "--cache", "true",
                # By default a waiting request cuts a running stream short; a real deployment would not want that.
-               "--interrupt_requests", "false"]
+               "--interrupt_requests", "false",
+               # A fixed seed: the model samples (its summaries end only when sampled), and a run should repeat.
+               "--seed", "1234"]
     if chat_format:
         command += ["--chat_format", chat_format]
     return command

@@ -111,11 +111,12 @@ def test_python_that_imports_the_server_is_used(tmp_path: Path) -> None:
     assert find_llama_python({"LLAMA_PYTHON": str(python)}) == str(python)
 
 
-@pytest.mark.parametrize(("chat_format", "expected_tail"), [(None, ["false"]), ("chatml", ["--chat_format", "chatml"])])
+@pytest.mark.parametrize(("chat_format", "expected_tail"), [(None, ["1234"]), ("chatml", ["--chat_format", "chatml"])])
 def test_server_command(chat_format: str | None, expected_tail: list[str]) -> None:
     command = server_command("/py", Path("/m.gguf"), 8123, 2048, chat_format)
     assert command[:3] == ["/py", "-m", "llama_cpp.server"]
-    for flag, value in [("--model", "/m.gguf"), ("--n_ctx", "2048"), ("--port", "8123"), ("--host", "127.0.0.1")]:
+    for flag, value in [("--model", "/m.gguf"), ("--n_ctx", "2048"), ("--port", "8123"), ("--host", "127.0.0.1"),
+                        ("--seed", "1234")]:
         assert command[command.index(flag) + 1] == value
     assert command[-len(expected_tail):] == expected_tail
 
