@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from proxy.compaction import Message, Plan, apply_replacement, plan_compaction, replacement
@@ -34,8 +35,9 @@ class Conversation:
     namespace: str
     record: SummaryRecord | None = None
 
-    @property
+    @cached_property
     def messages(self) -> list[Message]:
+        """The history as forwarded: read-only, computed once."""
         if self.record is None:
             return list(self.original)
         return [*self.record.replacement, *self.original[self.record.prefix_len:]]
@@ -45,12 +47,6 @@ class Conversation:
         if self.record is None:
             return index
         return index - len(self.record.replacement) + self.record.prefix_len
-
-
-@dataclass(frozen=True)
-class Compacted:
-    messages: list[Message]
-    record: SummaryRecord
 
 
 class Compactor:
@@ -81,14 +77,12 @@ class Compactor:
         return Conversation(original, chain, namespace, record)
 
     async def compact(self, conversation: Conversation, *, model: str, window: int, trigger: str,
-                      headers: Mapping[str, str]) -> Compacted | None:
+                      headers: Mapping[str, str]) -> SummaryRecord | None:
         """Summarise what the plan gives up, once per prefix; None when nothing can be summarised."""
         flight = self.begin(conversation, model=model, window=window, trigger=trigger, headers=headers)
         if flight is None:
             return None
-        task, prefix_len = flight
-        record = await asyncio.shield(task)
-        return Compacted([*record.replacement, *conversation.original[prefix_len:]], record)
+        return await asyncio.shield(flight[0])
 
     def begin(self, conversation: Conversation, *, model: str, window: int, trigger: str,
               headers: Mapping[str, str]) -> tuple[asyncio.Task[SummaryRecord], int] | None:

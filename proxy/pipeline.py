@@ -7,7 +7,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -15,12 +15,13 @@ from multidict import CIMultiDict
 
 from proxy.attempt import Attempt, send
 from proxy.compaction import Message
-from proxy.compactor import Compacted, Compactor, Conversation
+from proxy.compactor import Compactor, Conversation
 from proxy.config import Settings
 from proxy.errors import BadRequest, ProxyError
 from proxy.fingerprint import hash_chain, namespace_for
 from proxy.metrics import Metrics
 from proxy.overflow import context_limit_from_error
+from proxy.store import SummaryRecord
 from proxy.streaming import UsageTap
 from proxy.tokens import Calibration, TokenCounter
 from proxy.upstream import Upstream
@@ -97,12 +98,11 @@ class Answer:
     attempt: Attempt
     compaction: dict[str, str]
     tap: UsageTap | None = None
-    on_done: list[Callable[[dict[str, Any] | None], None]] = field(default_factory=list)
+    on_done: Callable[[dict[str, Any] | None], None] | None = None
 
     def finished(self) -> None:
-        usage = self.tap.usage if self.tap is not None else self.attempt.usage()
-        for callback in self.on_done:
-            callback(usage)
+        if self.on_done is not None:
+            self.on_done(self.tap.usage if self.tap is not None else self.attempt.usage())
 
 
 @dataclass
@@ -188,23 +188,23 @@ class ChatPipeline:
 
     async def _compact(self, journey: Journey, trigger: str) -> bool:
         try:
-            compacted = await self._compactor.compact(journey.conversation, model=journey.call.model,
+            record = await self._compactor.compact(journey.conversation, model=journey.call.model,
                                                       window=journey.window, trigger=trigger,
                                                       headers=journey.call.headers)
         except Exception as error:
             log.warning("compaction failed (%s): %s", trigger, error)
             journey.failed = True
             return False
-        if compacted is None:
+        if record is None:
             return False
-        self._apply(journey, compacted, trigger)
+        self._apply(journey, record, trigger)
         return True
 
-    def _apply(self, journey: Journey, compacted: Compacted, trigger: str) -> None:
+    def _apply(self, journey: Journey, record: SummaryRecord, trigger: str) -> None:
         if not journey.tokens_before:
             journey.tokens_before = self._estimate(journey.call, list(journey.conversation.original))
         journey.conversation = Conversation(journey.conversation.original, journey.conversation.chain,
-                                            journey.conversation.namespace, compacted.record)
+                                            journey.conversation.namespace, record)
         journey.trigger = trigger
 
     def _estimate(self, call: ChatCall, messages: list[Message]) -> int:
@@ -231,10 +231,10 @@ class ChatPipeline:
     async def _send(self, journey: Journey, stack: AsyncExitStack) -> Attempt:
         call = journey.call
         body = call.body
-        changed = journey.conversation.record is not None
-        if changed or self._inject_usage(call):
+        inject_usage = self._inject_usage(call)
+        if journey.conversation.record is not None or inject_usage:
             payload = {**call.payload, "messages": journey.conversation.messages}
-            if self._inject_usage(call):
+            if inject_usage:
                 options = call.payload.get("stream_options")
                 payload["stream_options"] = {**(options if isinstance(options, dict) else {}),
                                              "include_usage": True}
@@ -255,11 +255,10 @@ class ChatPipeline:
         tap = UsageTap(hide_usage_chunk=hide_usage) if attempt.response is not None else None
         if tap is not None:
             attempt.head = tap.feed(attempt.head)
-        answer = Answer(attempt, headers, tap)
         self._metrics.chat_requests.labels(headers["x-compaction"]).inc()
-        if journey is not None and attempt.ok:
-            answer.on_done.append(lambda usage: self._learn(journey, usage))
-        return answer
+        if journey is None or not attempt.ok:
+            return Answer(attempt, headers, tap)
+        return Answer(attempt, headers, tap, on_done=lambda usage: self._learn(journey, usage))
 
     def _learn(self, journey: Journey, usage: dict[str, Any] | None) -> None:
         """After a good answer: calibrate the estimate, and start the next summary early if usage is high."""
