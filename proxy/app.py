@@ -12,11 +12,12 @@ from proxy import handlers
 from proxy.appkeys import METRICS, PIPELINE, SETTINGS, STORE, UPSTREAM
 from proxy.compactor import Compactor
 from proxy.config import Settings
+from proxy.discovery import WindowSource
 from proxy.metrics import Metrics
 from proxy.middleware import openai_errors, require_proxy_key
 from proxy.pipeline import ChatPipeline
 from proxy.store import open_store
-from proxy.summarizer_model import UpstreamChatModel
+from proxy.model_client import ModelClient
 from proxy.templates import Templates
 from proxy.tokens import Calibration, TokenCounter
 from proxy.upstream import Upstream, create_session
@@ -47,30 +48,32 @@ async def _upstream_and_pipeline(app: web.Application) -> AsyncIterator[None]:
     templates = Templates(settings.compaction.prompts_dir)
     templates.preload()
     counter = TokenCounter()
-    windows = ContextWindows(settings)
     store = open_store(settings.store)
     async with create_session(settings.upstream) as session:
         upstream = Upstream(session, settings.upstream)
         summarizer_config = settings.compaction.summarizer
         summarizer_upstream = Upstream(session, summarizer_config.upstream) if summarizer_config.upstream \
             else upstream
+        windows = ContextWindows(settings, {"chat": WindowSource.of(session, upstream),
+                                            "summarizer": WindowSource.of(session, summarizer_upstream)})
 
         calibration = Calibration()
 
-        def summarizer_model(name: str, headers: Mapping[str, str], max_tokens: int) -> UpstreamChatModel:
-            return UpstreamChatModel(
+        def summarizer_model(name: str, headers: Mapping[str, str], max_tokens: int) -> ModelClient:
+            return ModelClient(
                 summarizer_upstream, name, headers, max_output_tokens=max_tokens,
-                context_window=windows.window(name), timeout=summarizer_config.timeout,
+                context_window=windows.window(name, "summarizer"), timeout=summarizer_config.timeout,
                 output_field=summarizer_config.output_limit_field, temperature=summarizer_config.temperature,
                 estimate=lambda messages: calibration.adjust(name, counter.count_messages(messages)))
 
-        compactor = Compactor(settings, store, counter, templates, app[METRICS], summarizer_model)
+        compactor = Compactor(settings, store, counter, templates, app[METRICS], summarizer_model, calibration)
         pipeline = ChatPipeline(settings, upstream, compactor, counter, calibration, windows, app[METRICS])
         app[UPSTREAM], app[STORE], app[PIPELINE] = upstream, store, pipeline
         try:
             yield
         finally:
             await pipeline.close()
+            await windows.close()
             await store.close()
 
 

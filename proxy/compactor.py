@@ -1,29 +1,36 @@
-"""Compaction as a service: plan, summarise once per prefix (single-flight, stored), splice."""
+"""Compaction as a service: plan, summarise once per prefix (single-flight, stored, backed off), splice."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from proxy.compaction import Message, Plan, apply_replacement, plan_compaction, replacement
+from proxy import budget
+from proxy.backoff import Backoff, shrink
+from proxy.budget import Limits
 from proxy.config import Settings
+from proxy.messages import Message, is_instruction, is_user, role
 from proxy.metrics import Metrics
-from proxy.store import SingleFlight, SummaryRecord, SummaryStore
-from proxy.summarizer import ChatModel, Summary, summarize
+from proxy.plan import Plan, apply_replacement, plan_compaction, replacement
+from proxy.single_flight import SingleFlight
+from proxy.store import CompactedPrefix, SummaryStore
+from proxy.summarizer import ChatModel, Summary, SummarizerError, summarize
 from proxy.templates import Templates
-from proxy.tokens import TokenCounter
+from proxy.tokens import Calibration, TokenCounter
 
 log = logging.getLogger("proxy.compaction")
 
 # (summariser model name, client headers, output token limit) -> a model to call
 ModelFactory = Callable[[str, Mapping[str, str], int], ChatModel]
-MIN_SUMMARY_TOKENS = 256
+# The smallest summary ask a backed-off retry may shrink to.
+MIN_RETRY_SUMMARY_TOKENS = 128
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,7 @@ class Conversation:
     original: Sequence[Message]
     chain: Sequence[str]
     namespace: str
-    record: SummaryRecord | None = None
+    record: CompactedPrefix | None = None
 
     @cached_property
     def messages(self) -> list[Message]:
@@ -42,23 +49,70 @@ class Conversation:
             return list(self.original)
         return [*self.record.replacement, *self.original[self.record.prefix_len:]]
 
+    @cached_property
+    def synthetic(self) -> frozenset[int]:
+        """Positions in `messages` of what the proxy wrote: the summary (the replacement's first user message)
+        and its assistant fillers. They are summarised again later, never kept as the user's words."""
+        if self.record is None:
+            return frozenset()
+        stored = self.record.replacement
+        summary_at = next((i for i, message in enumerate(stored) if is_user(message)), None)
+        return frozenset(i for i, message in enumerate(stored)
+                         if i == summary_at or role(message) == "assistant")
+
+    @property
+    def replaced(self) -> int:
+        """How many of `messages` are the stored replacement."""
+        return len(self.record.replacement) if self.record else 0
+
     def original_index(self, index: int) -> int:
         """Where a position in `messages` falls in `original`."""
-        if self.record is None:
-            return index
-        return index - len(self.record.replacement) + self.record.prefix_len
+        return index - self.replaced + (self.record.prefix_len if self.record else 0)
+
+    @property
+    def backoff_key(self) -> str:
+        """One conversation, as far as failures go: its tenant and its first message after the instructions."""
+        first = next((i for i, message in enumerate(self.original) if not is_instruction(message)), 0)
+        return f"{self.namespace}:{self.chain[min(first, len(self.chain) - 1)]}" if self.chain else self.namespace
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one request for a compaction came to: a record, or why there is none."""
+
+    record: CompactedPrefix | None
+    reason: str  # "compacted" | "nothing_to_summarize" | "not_smaller" | "backoff" | "failed"
+
+
+@dataclass(frozen=True)
+class Flight:
+    task: asyncio.Task[CompactedPrefix]
+    prefix_len: int
 
 
 class Compactor:
     def __init__(self, settings: Settings, store: SummaryStore, counter: TokenCounter, templates: Templates,
-                 metrics: Metrics, model_factory: ModelFactory) -> None:
+                 metrics: Metrics, model_factory: ModelFactory, calibration: Calibration | None = None) -> None:
         self._settings = settings
+        self._calibration = calibration or Calibration()
         self._store = store
         self._counter = counter
         self._templates = templates
         self._metrics = metrics
         self._model_factory = model_factory
         self._flights = SingleFlight()
+        self._backoff = Backoff()
+        self._fillers = (
+            {"role": "assistant", "content": templates.continuation_note()},
+            {"role": "assistant", "content": templates.acknowledgement()},
+        )
+
+    @property
+    def filler_tokens(self) -> int:
+        return sum(self._counter.count_message(filler) for filler in self._fillers)
+
+    def elision_marker(self, tokens: int) -> str:
+        return self._templates.elision_marker(tokens)
 
     async def reuse(self, original: Sequence[Message], chain: Sequence[str], namespace: str) -> Conversation:
         """The conversation with the longest stored summary spliced in, when one matches its prefix."""
@@ -76,39 +130,70 @@ class Compactor:
             return plain
         return Conversation(original, chain, namespace, record)
 
-    async def compact(self, conversation: Conversation, *, model: str, window: int, trigger: str,
-                      headers: Mapping[str, str]) -> SummaryRecord | None:
-        """Summarise what the plan gives up, once per prefix; None when nothing can be summarised."""
-        flight = self.begin(conversation, model=model, window=window, trigger=trigger, headers=headers)
-        if flight is None:
-            return None
-        return await asyncio.shield(flight[0])
+    def plan(self, conversation: Conversation, limits: Limits, *, model: str,
+             answer_tokens: int | None = None, overhead: int = 0) -> Plan | None:
+        """The plan for this conversation's next summary; None when no cut lies past the stored one.
 
-    def begin(self, conversation: Conversation, *, model: str, window: int, trigger: str,
-              headers: Mapping[str, str]) -> tuple[asyncio.Task[SummaryRecord], int] | None:
-        """Plan and claim the summary now (no await), so a request arriving next finds it in flight."""
-        working = conversation.messages
-        config = self._settings.compaction
-        plan = plan_compaction(working, self._counter.count_message, int(config.tail_budget * window))
-        replaced = len(conversation.record.replacement) if conversation.record else 0
-        if plan is None or plan.prefix_len <= replaced:
+        Counts are scaled to the upstream's own tokenizer (the calibration), as the window is.
+        """
+        ratio = self._calibration.ratio(model)
+
+        def count(message: Message) -> int:
+            return math.ceil(self._counter.count_message(message) * ratio)
+
+        plan = plan_compaction(conversation.messages, count, limits, answer_tokens=answer_tokens,
+                               synthetic=conversation.synthetic, overhead=overhead + self.filler_tokens)
+        if plan is None or plan.prefix_len <= conversation.replaced:
             return None
+        return plan
+
+    async def compact(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
+                      headers: Mapping[str, str], overhead: int = 0, force: bool = False) -> Outcome:
+        """Summarise what the plan gives up, once per prefix; `force` summarises even where it saves nothing."""
+        begun = self.begin(conversation, limits, model=model, trigger=trigger, headers=headers, overhead=overhead,
+                           force=force)
+        if isinstance(begun, str):
+            return Outcome(None, begun)
+        try:
+            return Outcome(await asyncio.shield(begun.task), "compacted")
+        except SummarizerError as error:
+            log.warning("compaction failed (%s): %s", trigger, error)
+            return Outcome(None, "failed")
+
+    def begin(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
+              headers: Mapping[str, str], answer_tokens: int | None = None, overhead: int = 0,
+              force: bool = False) -> Flight | str:
+        """Plan and claim the summary now (no await), so a request arriving next finds it in flight.
+
+        Returns the flight, or the reason there is none.
+        """
+        plan = self.plan(conversation, limits, model=model, answer_tokens=answer_tokens, overhead=overhead)
+        if plan is None:
+            return "nothing_to_summarize"
+        if not force and not plan.worthwhile(self.filler_tokens):
+            return "not_smaller"
         prefix_len = conversation.original_index(plan.prefix_len)
         prefix_hash = conversation.chain[prefix_len - 1]
-        summary_tokens = max(MIN_SUMMARY_TOKENS, min(
-            config.summarizer.max_output_tokens, int(config.target * window) - plan.kept_tokens))
+        key = f"{conversation.namespace}:{prefix_hash}"
+        if (running := self._flights.running(key)) is not None:
+            return Flight(running, prefix_len)
+        decision = self._backoff.decide(conversation.backoff_key)
+        if not decision.allowed:
+            log.info(json.dumps({"event": "compaction_skipped", "reason": "backoff", "trigger": trigger,
+                                 "failures": decision.level, "skips_left": decision.skipped_left}))
+            return "backoff"
+        job = _Job(plan, prefix_hash, prefix_len, conversation.namespace, conversation.backoff_key, limits,
+                   model=self._settings.compaction.summarizer.model or model, trigger=trigger, headers=headers,
+                   summary_tokens=shrink(plan.summary_tokens, decision.level, MIN_RETRY_SUMMARY_TOKENS),
+                   level=decision.level)
 
-        async def build() -> SummaryRecord:
+        async def build() -> CompactedPrefix:
             stored = await self._stored(conversation.namespace, prefix_hash)
-            if stored is not None:
-                return stored
-            return await self._summarise(plan, prefix_hash, prefix_len, model=model, trigger=trigger,
-                                         headers=headers, summary_tokens=summary_tokens,
-                                         namespace=conversation.namespace)
+            return stored if stored is not None else await self._summarise(job)
 
-        return self._flights.start(f"{conversation.namespace}:{prefix_hash}", build), prefix_len
+        return Flight(self._flights.start(key, build), prefix_len)
 
-    async def _stored(self, namespace: str, prefix_hash: str) -> SummaryRecord | None:
+    async def _stored(self, namespace: str, prefix_hash: str) -> CompactedPrefix | None:
         try:
             return await self._store.get(namespace, prefix_hash)
         except Exception:
@@ -116,52 +201,82 @@ class Compactor:
             self._metrics.store_errors.labels("get").inc()
             return None
 
-    async def _summarise(self, plan: Plan, prefix_hash: str, prefix_len: int, *, model: str, trigger: str,
-                         headers: Mapping[str, str], summary_tokens: int, namespace: str) -> SummaryRecord:
-        summarizer_model = self._settings.compaction.summarizer.model or model
+    async def _summarise(self, job: _Job) -> CompactedPrefix:
         started = time.monotonic()
         try:
-            summary = await summarize(self._model_factory(summarizer_model, headers, summary_tokens),
-                                      list(plan.to_summarise), self._templates, counter=self._counter)
-        except Exception:
-            self._metrics.summarizer_calls.labels("error").inc()
+            summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens),
+                                      list(job.plan.to_summarise), self._templates, counter=self._counter)
+        except SummarizerError as error:
+            self._backoff.failed(job.backoff_key)
+            self._account_failure(job, error, time.monotonic() - started)
             raise
-        continuation = {"role": "assistant", "content": self._templates.continuation_note()}
-        messages = replacement(plan, summary.message, continuation)
+        self._backoff.succeeded(job.backoff_key)
+        continuation, acknowledgement = self._fillers
+        messages = replacement(job.plan, summary.message, continuation, acknowledgement)
         tokens_after = sum(self._counter.count_message(m) for m in messages)
-        record = SummaryRecord(prefix_hash, prefix_len, tuple(messages), plan.tokens_before - plan.tail_tokens,
-                               tokens_after, summarizer_model, time.time())
-        await self._put(namespace, record)
-        self._account(summary, plan, record, trigger=trigger, model=summarizer_model,
-                      seconds=time.monotonic() - started)
+        record = CompactedPrefix(job.prefix_hash, job.prefix_len, tuple(messages),
+                                 job.plan.tokens_before - job.plan.tail_tokens, tokens_after, job.model, time.time())
+        await self._put(job.namespace, record)
+        self._account(job, summary, record, seconds=time.monotonic() - started)
         return record
 
-    async def _put(self, namespace: str, record: SummaryRecord) -> None:
+    async def _put(self, namespace: str, record: CompactedPrefix) -> None:
         try:
             await self._store.put(namespace, record)
         except Exception:
             log.warning("summary store write failed; the summary is used once", exc_info=True)
             self._metrics.store_errors.labels("put").inc()
 
-    def _account(self, summary: Summary, plan: Plan, record: SummaryRecord, *, trigger: str, model: str,
-                 seconds: float) -> None:
+    def _count_calls(self, calls: int, usage: Mapping[str, int], result: str) -> None:
         metrics = self._metrics
-        metrics.compactions.labels(trigger).inc()
-        metrics.summarizer_calls.labels("ok").inc(summary.calls)
-        metrics.compaction_seconds.observe(seconds)
+        metrics.summarizer_calls.labels(result).inc(calls)
         for kind in ("prompt_tokens", "completion_tokens"):
-            metrics.summarizer_tokens.labels(kind.removesuffix("_tokens")).inc(int(summary.usage.get(kind, 0)))
-        log.info(json.dumps(_event(summary, plan, record, trigger=trigger, model=model, seconds=seconds)))
+            metrics.summarizer_tokens.labels(kind.removesuffix("_tokens")).inc(int(usage.get(kind, 0)))
+
+    def _account(self, job: _Job, summary: Summary, record: CompactedPrefix, *, seconds: float) -> None:
+        self._metrics.compactions.labels(job.trigger).inc()
+        self._metrics.compaction_seconds.observe(seconds)
+        self._count_calls(summary.calls, summary.usage, "ok")
+        log.info(json.dumps({**job.log_fields(), "event": "compaction", "messages_before": record.prefix_len,
+                             "messages_after": len(record.replacement), "tokens_before": record.tokens_before,
+                             "tokens_after": record.tokens_after, "summarizer_calls": summary.calls,
+                             "summarizer_strategy": summary.strategy,
+                             "summarizer_prompt_tokens": summary.usage.get("prompt_tokens", 0),
+                             "summarizer_completion_tokens": summary.usage.get("completion_tokens", 0),
+                             "structured": summary.structured is not None, "duration_ms": round(seconds * 1000, 1)}))
+
+    def _account_failure(self, job: _Job, error: SummarizerError, seconds: float) -> None:
+        self._metrics.compaction_failures.labels(job.trigger, type(error).__name__).inc()
+        self._count_calls(max(error.calls, 1), error.usage, "error")
+        log.warning(json.dumps({**job.log_fields(), "event": "compaction_failed", "error": type(error).__name__,
+                                "summarizer_calls": error.calls,
+                                "summarizer_prompt_tokens": error.usage.get("prompt_tokens", 0),
+                                "summarizer_completion_tokens": error.usage.get("completion_tokens", 0),
+                                "duration_ms": round(seconds * 1000, 1)}))
 
 
-def _event(summary: Summary, plan: Plan, record: SummaryRecord, *, trigger: str, model: str,
-           seconds: float) -> dict[str, Any]:
-    """The structured log line of one compaction: figures only, never message text."""
-    return {"event": "compaction", "trigger": trigger, "summarizer_model": model,
-            "messages_before": record.prefix_len, "messages_after": len(record.replacement),
-            "tokens_before": record.tokens_before, "tokens_after": record.tokens_after,
-            "summarized_messages": len(plan.to_summarise), "summarizer_calls": summary.calls,
-            "summarizer_strategy": summary.strategy,
-            "summarizer_prompt_tokens": summary.usage.get("prompt_tokens", 0),
-            "summarizer_completion_tokens": summary.usage.get("completion_tokens", 0),
-            "structured": summary.structured is not None, "duration_ms": round(seconds * 1000, 1)}
+@dataclass(frozen=True)
+class _Job:
+    """One summary to build, with the numbers it was planned with (they go into its log line)."""
+
+    plan: Plan
+    prefix_hash: str
+    prefix_len: int
+    namespace: str
+    backoff_key: str
+    limits: Limits
+    model: str
+    trigger: str
+    headers: Mapping[str, str]
+    summary_tokens: int
+    level: int
+
+    def log_fields(self) -> dict[str, Any]:
+        limits = self.limits
+        return {"trigger": self.trigger, "summarizer_model": self.model, "window": limits.window,
+                "threshold": limits.threshold, "target": limits.target, "reserved_output": limits.reserve,
+                "trigger_tokens": limits.trigger_tokens, "target_tokens": limits.target_tokens,
+                "summarized_messages": len(self.plan.to_summarise), "summary_tokens_requested": self.summary_tokens,
+                "backoff_level": self.level, "window_margin": budget.window_margin(limits.window),
+                "attainable": self.plan.allotment.attainable,
+                **self.plan.as_log()}

@@ -51,6 +51,9 @@ class UpstreamConfig(_Frozen):
     connect_timeout: float = Field(10.0, gt=0)
     idle_timeout: float = Field(300.0, gt=0)
     max_connections: int = Field(1000, ge=1)
+    # Ask the upstream for its models' context windows (vLLM, llama.cpp, LiteLLM, OpenRouter say so).
+    discover_windows: bool = True
+    discovery_ttl_seconds: float = Field(default=3600.0, gt=0)
 
     @field_validator("api_key", mode="before")
     @classmethod
@@ -83,6 +86,8 @@ class CompactionConfig(_Frozen):
     target: float = Field(0.5, gt=0, lt=1)
     reserved_output_tokens: int = Field(1024, ge=0)
     tail_budget: float = Field(0.25, ge=0, lt=1)
+    # Earlier user messages kept verbatim after a compaction (the latest is always kept), newest first.
+    instruction_budget: float = Field(0.1, ge=0, lt=1)
     background: bool = True
     prompts_dir: Path | None = None
     summarizer: SummarizerConfig = SummarizerConfig()

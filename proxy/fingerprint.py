@@ -4,19 +4,80 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
+# Bytes for hashing any str: a lone surrogate (valid JSON "\ud800", or a header byte aiohttp could not decode) has
+# no UTF-8 form, and "surrogatepass" gives it a distinct one instead of raising.
+HASH_ERRORS = "surrogatepass"
+_KEYWORDS = {True: "true", False: "false", None: "null"}
+
 
 def canonical_json(value: Any) -> bytes:
-    """Stable bytes for a JSON value: sorted keys, no insignificant whitespace, UTF-8."""
+    """Stable bytes for a JSON value: sorted keys, no insignificant whitespace, UTF-8. Total on JSON values."""
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     except (TypeError, orjson.JSONEncodeError):
-        # Values orjson refuses (integers beyond 64 bits, NaN from lenient parsing) still need a stable form.
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        pass
+    # Values orjson refuses (integers beyond 64 bits, NaN from lenient parsing, lone surrogates, more than 254
+    # levels) still need a stable form.
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except RecursionError:
+        text = dumps_iteratively(value, sort_keys=True, ensure_ascii=False)
+    return text.encode("utf-8", HASH_ERRORS)
+
+
+class _Literal(str):
+    """Text queued between values while encoding; never a value itself."""
+
+
+def dumps_iteratively(value: Any, *, sort_keys: bool = False, separators: tuple[str, str] = (",", ":"),
+                      ensure_ascii: bool = True, default: Callable[[Any], Any] | None = None) -> str:
+    """json.dumps without recursion, for values nested too deep for it: the same text json.dumps would give."""
+    item_separator, key_separator = separators
+    pieces: list[str] = []
+    pending: list[Any] = [value]
+    while pending:
+        item = pending.pop()
+        if type(item) is _Literal:
+            pieces.append(item)
+        elif isinstance(item, dict):
+            pairs = sorted(item.items(), key=lambda pair: pair[0]) if sort_keys else list(item.items())
+            pending.append(_Literal("}"))
+            for index in range(len(pairs) - 1, -1, -1):
+                key, child = pairs[index]
+                pending.append(child)
+                key_text = json.dumps(_key(key), ensure_ascii=ensure_ascii)
+                pending.append(_Literal((item_separator if index else "") + key_text + key_separator))
+            pieces.append("{")
+        elif isinstance(item, list | tuple):
+            pending.append(_Literal("]"))
+            for index in range(len(item) - 1, -1, -1):
+                pending.append(item[index])
+                if index:
+                    pending.append(_Literal(item_separator))
+            pieces.append("[")
+        elif item is None or isinstance(item, str | int | float):
+            pieces.append(json.dumps(item, ensure_ascii=ensure_ascii))
+        elif default is not None:
+            pending.append(default(item))
+        else:
+            raise TypeError(f"Object of type {type(item).__name__} is not JSON serializable")
+    return "".join(pieces)
+
+
+def _key(key: Any) -> str:
+    """A dict key as json.dumps writes it."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool):
+        return _KEYWORDS[key]
+    if isinstance(key, int | float):
+        return json.dumps(key)
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
 
 
 def message_digest(message: Any) -> bytes:
@@ -28,7 +89,7 @@ def hash_chain(messages: Sequence[Any], namespace: str) -> list[str]:
 
     Entry i fingerprints the prefix messages[: i + 1], so a stored prefix of length k has key chain[k - 1].
     """
-    state = hashlib.blake2b(namespace.encode(), digest_size=32).digest()
+    state = hashlib.blake2b(namespace.encode("utf-8", HASH_ERRORS), digest_size=32).digest()
     chain = []
     for message in messages:
         state = hashlib.blake2b(state + message_digest(message), digest_size=32).digest()
@@ -39,9 +100,9 @@ def hash_chain(messages: Sequence[Any], namespace: str) -> list[str]:
 def tenant_namespace(api_key: str | None, tenant: str | None = None) -> str:
     """A tenant's store namespace: never the key itself, only a one-way hash of it."""
     if tenant:
-        source = b"tenant:" + tenant.encode()
+        source = b"tenant:" + tenant.encode("utf-8", HASH_ERRORS)
     elif api_key:
-        source = b"key:" + api_key.encode()
+        source = b"key:" + api_key.encode("utf-8", HASH_ERRORS)
     else:
         source = b"anonymous"
     return hashlib.sha256(b"compaction-proxy/" + source).hexdigest()[:32]

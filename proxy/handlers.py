@@ -6,7 +6,8 @@ from aiohttp import web
 
 from proxy.appkeys import METRICS, PIPELINE, SETTINGS, STORE, UPSTREAM
 from proxy.metrics import CONTENT_TYPE
-from proxy.pipeline import Answer, ChatCall
+from proxy.chat_request import ChatCall
+from proxy.pipeline import Answer
 from proxy.relay import relay
 from proxy.upstream import UpstreamRequest
 

@@ -21,6 +21,9 @@ class Metrics:
             registry=self.registry)
         self.summarizer_tokens = Counter(
             "compaction_proxy_summarizer_tokens", "Tokens billed to summaries", ["kind"], registry=self.registry)
+        self.compaction_failures = Counter(
+            "compaction_proxy_compaction_failures", "Summaries that could not be built, by trigger and error",
+            ["trigger", "error"], registry=self.registry)
         self.compaction_seconds = Histogram(
             "compaction_proxy_compaction_seconds", "Time to build one summary", registry=self.registry,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))

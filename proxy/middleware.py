@@ -9,7 +9,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized, openai_error_body
-from proxy.fingerprint import presented_key
+from proxy.fingerprint import HASH_ERRORS, presented_key
+from proxy.relay import abandon_if_started, clear_started
 
 log = logging.getLogger(__name__)
 
@@ -23,23 +24,32 @@ def error_response(error: ProxyError) -> web.Response:
 
 @web.middleware
 async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """ProxyError, aiohttp's own HTTP errors and crashes all become OpenAI-shaped JSON, never a traceback."""
+    """ProxyError, aiohttp's own HTTP errors and crashes all become OpenAI-shaped JSON, never a traceback.
+
+    Only before the response started: after it, an error response cannot be sent, so the connection is closed.
+    """
+    clear_started()
     try:
         return await handler(request)
-    except ProxyError as error:
+    except Exception as error:
+        started = abandon_if_started(request, error)
+        return started if started is not None else _error_response(request, error)
+
+
+def _error_response(request: web.Request, error: Exception) -> web.StreamResponse:
+    if isinstance(error, ProxyError):
         return error_response(error)
-    except web.HTTPRequestEntityTooLarge:
+    if isinstance(error, web.HTTPRequestEntityTooLarge):
         return error_response(PayloadTooLarge(
             f"request body exceeds the proxy's limit of {request.client_max_size} bytes"))
-    except web.HTTPException as error:
+    if isinstance(error, web.HTTPException):
         if error.status < 400:
-            raise
+            raise error  # a redirect is an answer, not an error
         body = openai_error_body(error.reason, "invalid_request_error", code=str(error.status))
         return web.json_response(body, status=error.status)
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        body = openai_error_body("the proxy failed to handle this request", "proxy_error", code="internal_error")
-        return web.json_response(body, status=500)
+    log.error("unhandled error on %s %s", request.method, request.path, exc_info=error)
+    body = openai_error_body("the proxy failed to handle this request", "proxy_error", code="internal_error")
+    return web.json_response(body, status=500)
 
 
 def require_proxy_key(accepted: Sequence[str]) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
@@ -49,7 +59,7 @@ def require_proxy_key(accepted: Sequence[str]) -> Callable[[web.Request, Handler
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in _OPEN_PATHS:
-            presented = (presented_key(request.headers) or "").encode()
+            presented = (presented_key(request.headers) or "").encode("utf-8", HASH_ERRORS)
             if not any(hmac.compare_digest(presented, key) for key in encoded):
                 raise Unauthorized("a valid proxy API key is required")
         return await handler(request)

@@ -3,25 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import orjson
-from multidict import CIMultiDict
-
+from proxy import budget
 from proxy.attempt import Attempt, send
-from proxy.compaction import Message
-from proxy.compactor import Compactor, Conversation
+from proxy.budget import Limits
+from proxy.chat_request import ChatCall, encode_json
+from proxy.compactor import Compactor, Conversation, Flight
 from proxy.config import Settings
-from proxy.errors import BadRequest, ProxyError
+from proxy.elision import elide_oversized
+from proxy.errors import ProxyError
 from proxy.fingerprint import hash_chain, namespace_for
+from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.overflow import context_limit_from_error
-from proxy.store import SummaryRecord
+from proxy.plan import last_input_tokens
 from proxy.streaming import UsageTap
 from proxy.tokens import Calibration, TokenCounter
 from proxy.upstream import Upstream
@@ -29,66 +29,9 @@ from proxy.windows import ContextWindows
 
 log = logging.getLogger(__name__)
 
-MODE_HEADER = "x-compaction-mode"
-MODES = ("off", "auto", "force")
 # Request fields through which a provider manages the context itself; such requests are left alone.
 SELF_MANAGED_FIELDS = ("context_management", "truncation", "transforms")
 LARGE_BODY_BYTES = 256 * 1024
-
-
-def encode_json(payload: dict[str, Any]) -> bytes:
-    try:
-        return orjson.dumps(payload)
-    except (TypeError, orjson.JSONEncodeError):
-        return json.dumps(payload, ensure_ascii=False).encode()
-
-
-@dataclass(frozen=True)
-class ChatCall:
-    """A parsed chat-completion request, as the client sent it."""
-
-    body: bytes
-    payload: dict[str, Any]
-    headers: Mapping[str, str]
-    query: str
-    mode: str
-
-    @classmethod
-    def parse(cls, body: bytes, headers: Mapping[str, str], query: str) -> ChatCall:
-        try:
-            payload = json.loads(body)
-        except ValueError as error:
-            raise BadRequest(f"request body is not valid JSON: {error}") from None
-        if not isinstance(payload, dict):
-            raise BadRequest("request body must be a JSON object")
-        mode = headers.get(MODE_HEADER, "auto").strip().lower()
-        if mode not in MODES:
-            raise BadRequest(f"{MODE_HEADER} must be one of {', '.join(MODES)}", param=MODE_HEADER)
-        forwarded = CIMultiDict(headers)
-        forwarded.popall(MODE_HEADER, None)
-        return cls(body, payload, forwarded, query, mode)
-
-    @property
-    def model(self) -> str:
-        return str(self.payload.get("model") or "")
-
-    @property
-    def messages(self) -> list[Message] | None:
-        messages = self.payload.get("messages")
-        if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
-            return messages
-        return None
-
-    @property
-    def stream(self) -> bool:
-        return self.payload.get("stream") is True
-
-    def reserved_output(self, default: int) -> int:
-        for key in ("max_completion_tokens", "max_tokens"):
-            value = self.payload.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-        return default
 
 
 @dataclass
@@ -111,10 +54,13 @@ class Journey:
 
     call: ChatCall
     conversation: Conversation
-    window: int
+    limits: Limits
     trigger: str = "none"
     failed: bool = False
+    reason: str | None = None  # why a compaction that was wanted did not happen
     tokens_before: int = 0
+    elided: int = 0
+    forwarded: list[Message] = field(default_factory=list)
 
 
 class ChatPipeline:
@@ -150,6 +96,13 @@ class ChatPipeline:
                 and not settings.model_for(call.model).manages_own_context
                 and not any(name in call.payload for name in SELF_MANAGED_FIELDS))
 
+    def _limits(self, call: ChatCall) -> Limits:
+        config = self._settings.compaction
+        return Limits(window=self._windows.window(call.model), threshold=config.threshold if config.proactive else 0,
+                      target=config.target, reserve=call.reserved_output(config.reserved_output_tokens),
+                      tail_share=config.tail_budget, instruction_share=config.instruction_budget,
+                      max_summary_tokens=config.summarizer.max_output_tokens)
+
     async def _journey(self, call: ChatCall, stack: AsyncExitStack) -> Answer:
         assert call.messages is not None
         if len(call.body) > LARGE_BODY_BYTES:
@@ -158,23 +111,31 @@ class ChatPipeline:
             await asyncio.to_thread(self._counter.count_request, call.payload)
         namespace = namespace_for(call.headers, self._settings.server.tenant_header)
         conversation = await self._compactor.reuse(call.messages, hash_chain(call.messages, namespace), namespace)
-        journey = Journey(call, conversation, self._windows.window(call.model),
-                          trigger="reused" if conversation.record else "none")
-        if call.mode == "force" or self._over_threshold(journey):
+        # Windows the upstream states are looked up before planning (once per upstream, then cached), so the
+        # summariser client built later, background ones included, knows its window without waiting.
+        await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
+                                    headers=call.headers)
+        journey = Journey(call, conversation, self._limits(call), trigger="reused" if conversation.record else "none")
+        if call.mode == "force" or budget.over_threshold(journey.limits, self._estimate(journey)):
             await self._compact(journey, "proactive")
         attempt = await self._send(journey, stack)
-        if attempt.overflow or (attempt.empty_stream and self._near_window(journey)):
+        if attempt.overflow or (attempt.empty_stream and budget.near_window(journey.limits, self._estimate(journey))):
             attempt = await self._react(journey, attempt, stack)
         return self._finish(call, attempt, self._headers(journey), hide_usage=self._inject_usage(call),
                             journey=journey)
 
     async def _react(self, journey: Journey, first: Attempt, stack: AsyncExitStack) -> Attempt:
         """Compact and retry exactly once; the first answer stands if that does not produce a better one."""
-        if first.body is not None:
-            self._windows.learn(journey.call.model, context_limit_from_error(first.body))
-            journey.window = self._windows.window(journey.call.model)
-        if journey.failed or not await self._compact(journey, "reactive"):
-            journey.failed = True
+        if first.body is not None and self._windows.learn(journey.call.model, context_limit_from_error(first.body)):
+            journey.limits = self._limits(journey.call)
+        if journey.failed:
+            return first
+        before = self._estimate(journey)
+        # The upstream just refused this prompt: whatever window is known, the real one is smaller than the
+        # request, so plan within that.
+        journey.limits = replace(journey.limits, window=min(journey.limits.window, before + journey.limits.reserve))
+        if not await self._compact(journey, "reactive") and self._estimate(journey) >= before:
+            journey.failed = True  # nothing could make the request smaller: the upstream's answer stands
             return first
         try:
             retry = await self._send(journey, stack)
@@ -184,44 +145,50 @@ class ChatPipeline:
         if retry is None or retry.overflow or retry.empty_stream:
             journey.failed = True
             return first
+        journey.failed = False
         return retry
 
     async def _compact(self, journey: Journey, trigger: str) -> bool:
-        try:
-            record = await self._compactor.compact(journey.conversation, model=journey.call.model,
-                                                      window=journey.window, trigger=trigger,
-                                                      headers=journey.call.headers)
-        except Exception as error:
-            log.warning("compaction failed (%s): %s", trigger, error)
-            journey.failed = True
-            return False
-        if record is None:
-            return False
-        self._apply(journey, record, trigger)
-        return True
+        """Summarise, then elide what still does not fit (a huge tool result); True when a summary was applied.
 
-    def _apply(self, journey: Journey, record: SummaryRecord, trigger: str) -> None:
+        A summary that failed or is backed off marks the journey failed: it is not tried again for this request.
+        """
         if not journey.tokens_before:
-            journey.tokens_before = self._estimate(journey.call, list(journey.conversation.original))
-        journey.conversation = Conversation(journey.conversation.original, journey.conversation.chain,
-                                            journey.conversation.namespace, record)
-        journey.trigger = trigger
+            journey.tokens_before = self._original_estimate(journey)
+        outcome = await self._compactor.compact(journey.conversation, journey.limits, model=journey.call.model,
+                                                trigger=trigger, headers=journey.call.headers,
+                                                overhead=self._overhead(journey.call),
+                                                force=journey.call.mode == "force")
+        if outcome.record is not None:
+            journey.conversation = Conversation(journey.conversation.original, journey.conversation.chain,
+                                                journey.conversation.namespace, outcome.record)
+        else:
+            journey.reason = outcome.reason
+            journey.failed = journey.failed or outcome.reason in ("failed", "backoff")
+        self._elide(journey)
+        if outcome.record is not None or journey.elided:
+            journey.trigger = trigger
+        return outcome.record is not None
 
-    def _estimate(self, call: ChatCall, messages: list[Message]) -> int:
-        raw = self._counter.count_request({**call.payload, "messages": messages})
+    def _elide(self, journey: Journey) -> None:
+        """Shrink what still does not fit (a huge tool result in the tail); the client's copy stays whole."""
+        messages = journey.conversation.messages
+        elided = elide_oversized(messages, journey.conversation.replaced, self._counter.count_message,
+                                 self._counter.count_text, journey.limits, self._compactor.elision_marker)
+        journey.forwarded = elided.messages
+        journey.elided = elided.count
+
+    def _messages(self, journey: Journey) -> list[Message]:
+        return journey.forwarded if journey.elided else journey.conversation.messages
+
+    def _estimate(self, journey: Journey) -> int:
+        raw = self._counter.count_request({**journey.call.payload, "messages": self._messages(journey)})
+        return self._calibration.adjust(journey.call.model, raw)
+
+    def _overhead(self, call: ChatCall) -> int:
+        """What the request costs besides its messages: tool definitions and the reply primer."""
+        raw = self._counter.count_request({**call.payload, "messages": []})
         return self._calibration.adjust(call.model, raw)
-
-    def _over_threshold(self, journey: Journey) -> bool:
-        config = self._settings.compaction
-        if not config.proactive:
-            return False
-        needed = self._estimate(journey.call, journey.conversation.messages) \
-            + journey.call.reserved_output(config.reserved_output_tokens)
-        return needed > config.threshold * journey.window
-
-    def _near_window(self, journey: Journey) -> bool:
-        estimate = self._estimate(journey.call, journey.conversation.messages)
-        return estimate > self._settings.compaction.target * journey.window
 
     def _inject_usage(self, call: ChatCall) -> bool:
         options = call.payload.get("stream_options")
@@ -232,8 +199,8 @@ class ChatPipeline:
         call = journey.call
         body = call.body
         inject_usage = self._inject_usage(call)
-        if journey.conversation.record is not None or inject_usage:
-            payload = {**call.payload, "messages": journey.conversation.messages}
+        if journey.conversation.record is not None or journey.elided or inject_usage:
+            payload = {**call.payload, "messages": self._messages(journey)}
             if inject_usage:
                 options = call.payload.get("stream_options")
                 payload["stream_options"] = {**(options if isinstance(options, dict) else {}),
@@ -243,12 +210,18 @@ class ChatPipeline:
 
     def _headers(self, journey: Journey) -> dict[str, str]:
         headers = {"x-compaction": "failed" if journey.failed else journey.trigger}
-        if journey.conversation.record is not None:
-            before = journey.tokens_before or self._estimate(journey.call, list(journey.conversation.original))
-            headers["x-compaction-tokens-before"] = str(before)
-            headers["x-compaction-tokens-after"] = str(
-                self._estimate(journey.call, journey.conversation.messages))
+        if journey.conversation.record is not None or journey.elided:
+            headers["x-compaction-tokens-before"] = str(journey.tokens_before or self._original_estimate(journey))
+            headers["x-compaction-tokens-after"] = str(self._estimate(journey))
+        if journey.elided:
+            headers["x-compaction-elided"] = str(journey.elided)
+        if journey.reason is not None:
+            headers["x-compaction-reason"] = journey.reason
         return headers
+
+    def _original_estimate(self, journey: Journey) -> int:
+        raw = self._counter.count_request({**journey.call.payload, "messages": list(journey.conversation.original)})
+        return self._calibration.adjust(journey.call.model, raw)
 
     def _finish(self, call: ChatCall, attempt: Attempt, headers: dict[str, str], *, hide_usage: bool,
                 journey: Journey | None = None) -> Answer:
@@ -265,35 +238,31 @@ class ChatPipeline:
         prompt_tokens = (usage or {}).get("prompt_tokens")
         if not isinstance(prompt_tokens, int) or prompt_tokens <= 0:
             return
-        raw = self._counter.count_request({**journey.call.payload, "messages": journey.conversation.messages})
+        raw = self._counter.count_request({**journey.call.payload, "messages": self._messages(journey)})
         self._calibration.observe(journey.call.model, raw, prompt_tokens)
-        config = self._settings.compaction
-        # The next turn resends this prompt and reply, then reserves output again: if that will not fit under
-        # the threshold, build its summary now so the next request finds it ready.
-        next_turn = prompt_tokens + int((usage or {}).get("completion_tokens") or 0) \
-            + self._last_user_tokens(journey) + journey.call.reserved_output(config.reserved_output_tokens)
-        if config.background and config.proactive and next_turn > config.threshold * journey.window:
-            self._start_background(journey)
+        completion = (usage or {}).get("completion_tokens")
+        answer = completion if isinstance(completion, int) and completion >= 0 else 0
+        messages = self._messages(journey)
+        next_input = last_input_tokens(messages, [self._counter.count_message(m) for m in messages])
+        # The next turn resends this prompt and answer plus one more input: if that will pass the threshold,
+        # build its summary now so the next request finds it ready.
+        if self._settings.compaction.background and budget.over_threshold(
+                journey.limits, prompt_tokens + budget.next_turn_growth(next_input, answer)):
+            self._start_background(journey, answer)
 
-    def _start_background(self, journey: Journey) -> None:
+    def _start_background(self, journey: Journey, answer_tokens: int) -> None:
         try:
-            flight = self._compactor.begin(journey.conversation, model=journey.call.model, window=journey.window,
-                                           trigger="background", headers=journey.call.headers)
+            begun = self._compactor.begin(journey.conversation, journey.limits, model=journey.call.model,
+                                          trigger="background", headers=journey.call.headers,
+                                          answer_tokens=answer_tokens, overhead=self._overhead(journey.call))
         except Exception:
             log.warning("could not plan a background summary", exc_info=True)
             return
-        if flight is not None:
-            task = flight[0]
-            self._background.add(task)
-            task.add_done_callback(self._background_done)
+        if isinstance(begun, Flight):
+            self._background.add(begun.task)
+            begun.task.add_done_callback(self._background_done)
 
     def _background_done(self, task: asyncio.Task[Any]) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("background summary failed: %s", task.exception())
-
-    def _last_user_tokens(self, journey: Journey) -> int:
-        """A stand-in for the size of the next user message: the size of the last one."""
-        messages = journey.conversation.messages
-        last_user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
-        return self._counter.count_message(last_user) if last_user else 0

@@ -26,7 +26,7 @@ _PURGE_INTERVAL_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
-class SummaryRecord:
+class CompactedPrefix:
     """A summary that stands in for the first `prefix_len` messages of any history whose chain matches."""
 
     prefix_hash: str
@@ -60,7 +60,7 @@ class SummaryRecord:
         )
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> SummaryRecord:
+    def from_json(cls, text: str | bytes) -> CompactedPrefix:
         """Parse a stored record; ValueError when anything is missing or of the wrong type."""
         data = json.loads(text)
         try:
@@ -88,7 +88,7 @@ def _typed(data: Any, key: str, kind: type | tuple[type, ...]) -> Any:
     return value
 
 
-def _longest_verified(candidates: Iterable[SummaryRecord], chain: Sequence[str]) -> SummaryRecord | None:
+def _longest_verified(candidates: Iterable[CompactedPrefix], chain: Sequence[str]) -> CompactedPrefix | None:
     verified = [record for record in candidates if record.matches(chain)]
     return max(verified, key=lambda record: record.prefix_len, default=None)
 
@@ -97,11 +97,11 @@ def _longest_verified(candidates: Iterable[SummaryRecord], chain: Sequence[str])
 class SummaryStore(Protocol):
     """Where summary records live; namespaces are tenant hashes, never raw keys."""
 
-    async def get(self, namespace: str, prefix_hash: str) -> SummaryRecord | None: ...
+    async def get(self, namespace: str, prefix_hash: str) -> CompactedPrefix | None: ...
 
-    async def put(self, namespace: str, record: SummaryRecord) -> None: ...
+    async def put(self, namespace: str, record: CompactedPrefix) -> None: ...
 
-    async def longest_match(self, namespace: str, chain: Sequence[str]) -> SummaryRecord | None:
+    async def longest_match(self, namespace: str, chain: Sequence[str]) -> CompactedPrefix | None:
         """The record for the longest prefix of `chain` (chain[i] fingerprints messages[: i + 1])."""
         ...
 
@@ -119,12 +119,12 @@ class MemoryStore:
         self._max_entries = max_entries
         self._ttl = ttl_seconds
         self._clock = clock
-        self._entries: OrderedDict[tuple[str, str], tuple[SummaryRecord, float]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], tuple[CompactedPrefix, float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _lookup(self, key: tuple[str, str]) -> SummaryRecord | None:
+    def _lookup(self, key: tuple[str, str]) -> CompactedPrefix | None:
         entry = self._entries.get(key)
         if entry is None:
             return None
@@ -135,17 +135,17 @@ class MemoryStore:
         self._entries.move_to_end(key)
         return record
 
-    async def get(self, namespace: str, prefix_hash: str) -> SummaryRecord | None:
+    async def get(self, namespace: str, prefix_hash: str) -> CompactedPrefix | None:
         return self._lookup((namespace, prefix_hash))
 
-    async def put(self, namespace: str, record: SummaryRecord) -> None:
+    async def put(self, namespace: str, record: CompactedPrefix) -> None:
         key = (namespace, record.prefix_hash)
         self._entries[key] = (record, self._clock() + self._ttl)
         self._entries.move_to_end(key)
         while len(self._entries) > self._max_entries:
             self._entries.popitem(last=False)
 
-    async def longest_match(self, namespace: str, chain: Sequence[str]) -> SummaryRecord | None:
+    async def longest_match(self, namespace: str, chain: Sequence[str]) -> CompactedPrefix | None:
         for prefix_hash in reversed(chain):
             record = self._lookup((namespace, prefix_hash))
             if record is not None and record.matches(chain):
@@ -211,14 +211,14 @@ class SqliteStore:
         return await asyncio.to_thread(locked)
 
     @staticmethod
-    def _decode(text: str) -> SummaryRecord | None:
+    def _decode(text: str) -> CompactedPrefix | None:
         try:
-            return SummaryRecord.from_json(text)
+            return CompactedPrefix.from_json(text)
         except ValueError:
             log.warning("ignoring an unreadable summary record")
             return None
 
-    async def get(self, namespace: str, prefix_hash: str) -> SummaryRecord | None:
+    async def get(self, namespace: str, prefix_hash: str) -> CompactedPrefix | None:
         def select(connection: sqlite3.Connection) -> str | None:
             row = connection.execute(
                 "SELECT record FROM summaries WHERE namespace = ? AND prefix_hash = ? AND expires_at > ?",
@@ -229,7 +229,7 @@ class SqliteStore:
         text = await self._run(select)
         return None if text is None else self._decode(text)
 
-    async def put(self, namespace: str, record: SummaryRecord) -> None:
+    async def put(self, namespace: str, record: CompactedPrefix) -> None:
         def upsert(connection: sqlite3.Connection) -> None:
             now = self._clock()
             connection.execute(
@@ -243,7 +243,7 @@ class SqliteStore:
 
         await self._run(upsert)
 
-    async def longest_match(self, namespace: str, chain: Sequence[str]) -> SummaryRecord | None:
+    async def longest_match(self, namespace: str, chain: Sequence[str]) -> CompactedPrefix | None:
         """One IN query per chunk of the chain, longest prefixes first; the first verified hit is the longest."""
 
         def select(connection: sqlite3.Connection, hashes: Sequence[str]) -> list[str]:
@@ -280,49 +280,6 @@ class SqliteStore:
                     self._connection = None
 
         await asyncio.to_thread(shut)
-
-
-class SingleFlight:
-    """Concurrent callers with the same key share one in-flight call instead of repeating it."""
-
-    def __init__(self) -> None:
-        self._flights: dict[str, asyncio.Task[Any]] = {}
-
-    def in_flight(self, key: str) -> bool:
-        return key in self._flights
-
-    async def wait_for_any(self, keys: Sequence[str]) -> bool:
-        """Wait for the first of `keys` (in order) that is in flight; True if there was one."""
-        task = next((self._flights[key] for key in keys if key in self._flights), None)
-        if task is None:
-            return False
-        await asyncio.wait([task])
-        return True
-
-    def start(self, key: str, factory: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
-        """The key's shared call, started now with `factory` if none is running (synchronous, so a caller can
-        claim the key before it yields to the event loop)."""
-        task = self._flights.get(key)
-        if task is None:
-            task = asyncio.ensure_future(self._call(key, factory))
-            self._flights[key] = task
-        return task
-
-    async def run(self, key: str, factory: Callable[[], Awaitable[T]]) -> T:
-        """Await the key's shared call, starting it with `factory` if none is running.
-
-        A waiter that is cancelled stops waiting; the shared call goes on for everyone else (and finishes even when
-        every waiter has gone, so work that stores its own result is not wasted).
-        """
-        result: T = await asyncio.shield(self.start(key, factory))
-        return result
-
-    async def _call(self, key: str, factory: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await factory()
-        finally:
-            if self._flights.get(key) is asyncio.current_task():
-                del self._flights[key]
 
 
 def open_store(config: StoreConfig) -> SummaryStore:

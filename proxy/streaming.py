@@ -33,13 +33,13 @@ class SseEvent:
         return "\n".join(lines) if lines else None
 
     def json(self) -> Any:
-        """The data (or a non-standard `error:` field) decoded as JSON, or None."""
+        """The data (or a non-standard `error:` field) decoded as JSON, or None. Never raises."""
         text = self.data if self.data is not None else self.field("error")
         if text is None or text.strip() in ("", "[DONE]"):
             return None
         try:
             return json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # an upstream's data is anything, nested to any depth
             return None
 
 
@@ -109,8 +109,8 @@ def is_content_event(event: SseEvent) -> bool:
             return True
         if choice.get("finish_reason") or choice.get("text"):
             return True
-    kind = str(payload.get("type", ""))
-    return kind.endswith(".delta") or kind in {"content_block_start", "content_block_delta"}
+    kind = payload.get("type")  # not str(): a hostile value can be nested too deep to print
+    return isinstance(kind, str) and (kind.endswith(".delta") or kind in {"content_block_start", "content_block_delta"})
 
 
 def is_error_event(event: SseEvent) -> bool:
@@ -123,6 +123,15 @@ def is_error_event(event: SseEvent) -> bool:
 def usage_of(payload: Any) -> dict[str, Any] | None:
     usage = payload.get("usage") if isinstance(payload, dict) else None
     return usage if isinstance(usage, dict) and usage else None
+
+
+def finish_reasons(payload: Any) -> list[str]:
+    """The finish reasons a chunk reports; anything malformed reports none."""
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list):
+        return []
+    reasons = [choice.get("finish_reason") for choice in choices if isinstance(choice, dict)]
+    return [reason for reason in reasons if isinstance(reason, str) and reason]
 
 
 def is_usage_only_chunk(payload: Any) -> bool:
@@ -152,11 +161,9 @@ class UsageTap:
         return b"".join(leftover) if self.hide_usage_chunk else b""
 
     def _keep(self, event: SseEvent) -> bool:
+        """Whether to pass the event on; total, since it runs after the 200 went out, when a raise cuts the stream."""
         payload = event.json()
-        if isinstance(payload, dict):
-            for choice in payload.get("choices") or ():
-                if isinstance(choice, dict) and choice.get("finish_reason"):
-                    self.finish_reasons.append(str(choice["finish_reason"]))
+        self.finish_reasons += finish_reasons(payload)
         if (usage := usage_of(payload)) is not None:
             self.usage = usage
             return not is_usage_only_chunk(payload)

@@ -9,21 +9,20 @@ from functools import cache
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
+from proxy import budget
+from proxy.messages import Message, content_text, is_tool_result
 from proxy.summary import StructuredSummary, summary_text
 from proxy.templates import Templates, default_templates
 from proxy.tokens import TokenCounter
 from proxy.transcript import format_message_for_compacting, format_transcript
 
-Message = dict[str, Any]
 Item = TypeVar("Item")
 
 REMOVAL_LADDER = (10, 20, 50, 100)  # percent of the tool results left out, rung by rung
-TOOL_RESULT_ROLES = frozenset({"tool", "function"})
 # The call that produced a removed result stays in the transcript: its arguments (paths, commands) are short
 # and tell what was attempted, and the marker keeps the model from reading the gap as an empty result.
 REMOVED_TOOL_RESULT = "[tool result left out to fit the summariser's context window]"
 MAX_SPLIT_DEPTH = 8  # halvings of one stretch of history: at most 2**8 parts before giving up
-OUTPUT_SHARE_DIVISOR = 4  # a quarter of a known window stays free for the summary itself
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
@@ -94,7 +93,7 @@ def removal_ladder(history: list[Message]) -> Iterator[tuple[str, list[Message]]
     A rung that would leave out no more results than the one before is skipped: it would resend the same request.
     """
     yield "direct", history
-    positions = [index for index, message in enumerate(history) if _is_tool_result(message)]
+    positions = [index for index, message in enumerate(history) if is_tool_result(message)]
     order = middle_out_order(len(positions))
     removed = 0
     for percent in REMOVAL_LADDER:
@@ -105,10 +104,6 @@ def removal_ladder(history: list[Message]) -> Iterator[tuple[str, list[Message]]
         dropped = {positions[rank] for rank in order[:count]}
         yield (f"removed_tool_results_{percent}",
                [_without_result(message) if index in dropped else message for index, message in enumerate(history)])
-
-
-def _is_tool_result(message: Any) -> bool:
-    return isinstance(message, dict) and message.get("role") in TOOL_RESULT_ROLES
 
 
 def _without_result(message: Message) -> Message:
@@ -150,7 +145,7 @@ class _Run:
             raise SummarizerError(f"summariser request failed: {type(error).__name__}: {error}") from error
         if not isinstance(reply, dict):
             raise SummarizerError(f"summariser reply is not a chat message: {type(reply).__name__}")
-        text = _content_text(reply.get("content"))
+        text = content_text(reply.get("content"))
         self._add_usage(usage, system, messages, text)  # a rejected reply was still billed
         if reply.get("finish_reason") == "length":
             raise SummaryTruncated("summariser reply was cut off by the output limit")
@@ -178,10 +173,10 @@ class _Run:
             return [slice(0, len(records))]
         framing = self.counter.count_messages([{"role": "system", "content": self.templates.compaction_prompt("")},
                                                {"role": "user", "content": instruction}])
-        budget = window - window // OUTPUT_SHARE_DIVISOR - framing
-        if budget <= 0:  # too small to plan by: halving on overflow decides
+        allowed = budget.summarizer_input_budget(window, framing, getattr(self.model, "max_output_tokens", window))
+        if allowed <= 0:  # too small to plan by: halving on overflow decides
             return [slice(0, len(records))]
-        return _pack([self.counter.count_text(record) + 1 for record in records], budget)
+        return _pack([self.counter.count_text(record) + 1 for record in records], allowed)
 
 
 def _pack(sizes: list[int], budget: int) -> list[slice]:
@@ -200,14 +195,6 @@ def _pack(sizes: list[int], budget: int) -> list[slice]:
 
 def _tokens(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
-    return ""
 
 
 async def _summarize_history(run: _Run, history: list[Message]) -> tuple[str, str]:

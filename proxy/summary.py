@@ -8,10 +8,12 @@ import re
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from proxy.templates import Templates
+from proxy.fence import code_fence
+from proxy.templates import Templates, default_templates
+
+__all__ = ["FileNote", "StructuredSummary", "code_fence", "summary_text"]
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +34,8 @@ _TERMINATOR = "</analysis>"
 _JSON_FENCE = "```json"
 # strict=False: models often put raw newlines inside strings (key_code); that is lenience, not repair.
 _DECODER = json.JSONDecoder(strict=False)
-_BACKTICK_RUN = re.compile(r"`+")
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*(?:\r\n|\n|\r))+")
 _LINE_BREAK = re.compile(r"\s*(?:\r\n|\n|\r)\s*")
-
-
-def code_fence(code: str) -> str:
-    """Fence `code` in backticks one longer than its longest backtick run (at least three)."""
-    longest = max((len(run) for run in _BACKTICK_RUN.findall(code)), default=0)
-    fence = "`" * max(3, longest + 1)
-    body = code if code.endswith("\n") else code + "\n"
-    return f"{fence}\n{body}{fence}"
 
 
 @dataclass(frozen=True)
@@ -115,8 +108,6 @@ class StructuredSummary:
     def render(self, template: str | None = None, templates: Templates | None = None) -> str:
         """Markdown for the summary message; `template` is custom template source, else the configured file."""
         if templates is None:
-            from proxy.templates import default_templates  # templates imports code_fence from here
-
             templates = default_templates()
         if template is None:
             return templates.summary(self.to_fields())

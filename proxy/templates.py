@@ -11,7 +11,7 @@ from typing import Any
 import jinja2
 
 from proxy.config import ConfigError
-from proxy.summary import code_fence
+from proxy.fence import code_fence
 
 COMPACTION_PROMPT = "compaction.md"
 COMPACTION_INSTRUCTION = "compaction_instruction.md"
@@ -19,8 +19,10 @@ SUMMARY = "compaction_summary.md"
 CONTINUATION = "continuation.md"
 MERGE_INSTRUCTION = "merge_instruction.md"
 CHUNK_INSTRUCTION = "chunk_instruction.md"
+ACKNOWLEDGEMENT = "acknowledgement.md"
+ELIDED = "elided.md"
 TEMPLATE_NAMES = (COMPACTION_PROMPT, COMPACTION_INSTRUCTION, SUMMARY, CONTINUATION, MERGE_INSTRUCTION,
-                  CHUNK_INSTRUCTION)
+                  CHUNK_INSTRUCTION, ACKNOWLEDGEMENT, ELIDED)
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _COMPILED_SOURCES_KEPT = 32
@@ -105,6 +107,13 @@ class Templates:
 
     def continuation_note(self) -> str:
         return self.render(CONTINUATION)
+
+    def acknowledgement(self) -> str:
+        """The assistant's filler between two kept user messages (strict templates want roles to alternate)."""
+        return self.render(ACKNOWLEDGEMENT)
+
+    def elision_marker(self, tokens: int) -> str:
+        return self.render(ELIDED, tokens=tokens)
 
 
 @lru_cache(maxsize=1)

@@ -17,6 +17,8 @@ from typing import Any
 import tiktoken
 import tiktoken.model
 
+from proxy.fingerprint import dumps_iteratively
+
 log = logging.getLogger(__name__)
 
 DEFAULT_ENCODING = "o200k_base"
@@ -177,22 +179,41 @@ def encoding_name_for_model(model: str | None, default: str = DEFAULT_ENCODING) 
         return default
 
 
-_LIST_MARK = object()  # keeps a list from hashing like a dict's item pairs
-_PLAIN_TYPES = frozenset({str, int, float, bool, type(None)})
+# Structure markers of a flattened value: a dict's and a list's opening, and anything that is not JSON.
+_DICT_MARK = object()
+_LIST_MARK = object()
+_OTHER_MARK = object()
+_PLAIN_TYPES = frozenset({int, float, bool, type(None)})
 
 
-def _frozen(value: Any) -> Any:
-    """A hashable twin of a JSON value; strings (the bulk of the bytes) are kept as they are, not copied."""
-    kind = type(value)
-    if kind is dict:
-        return tuple([(key, item if type(item) is str else _frozen(item)) for key, item in value.items()])
-    if kind is list:
-        return (_LIST_MARK, *[item if type(item) is str else _frozen(item) for item in value])
-    return value if kind in _PLAIN_TYPES else repr(value)
+def _flat(value: Any) -> tuple[Any, ...]:
+    """A hashable, flat twin of a JSON value: markers with lengths, then keys and leaves in order.
+
+    Flat, so neither building nor hashing it recurses, however deep the value; strings (the bulk of the bytes)
+    are kept as they are, not copied. Scalars other than strings carry their type, so 1, 1.0 and true differ.
+    """
+    out: list[Any] = []
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        kind = type(item)
+        if kind is str:
+            out.append(item)
+        elif kind is dict:
+            out += (_DICT_MARK, len(item), *item.keys())
+            pending += reversed(item.values())
+        elif kind is list:
+            out += (_LIST_MARK, len(item))
+            pending += reversed(item)
+        elif kind in _PLAIN_TYPES:
+            out += (kind, item)
+        else:
+            out += (_OTHER_MARK, repr(item))
+    return tuple(out)
 
 
 def message_key(message: Any) -> int:
-    """A cheap, in-process cache key for a message: Python's hash of its frozen structure.
+    """A cheap, in-process cache key for a message: Python's hash of its flattened structure.
 
     Strings hash with SipHash under a per-process random key, so distinct messages collide with
     probability ~2**-64 per pair and a client cannot aim for a collision; the worst outcome of one is
@@ -203,9 +224,9 @@ def message_key(message: Any) -> int:
     if type(message) is dict and "tool_calls" not in message:
         try:  # most messages hold only strings at the top level: one C-level tuple, no recursion
             return hash(tuple(message.items()))
-        except TypeError:  # content parts (lists) need freezing
+        except TypeError:  # content parts (lists) need flattening
             pass
-    return hash(_frozen(message))
+    return hash(_flat(message))
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +279,7 @@ class TokenCounter:
         """Tool definitions counted as their compact JSON schema, cached like messages."""
         if not tools:
             return 0
-        schema = json.dumps(tools, separators=(",", ":"), ensure_ascii=False, default=str)
+        schema = _json_text(tools, separators=(",", ":"), ensure_ascii=False)
         key = hash(("tools", schema))
         cached = self._lookup([key])[0]
         if cached is not None:
@@ -339,7 +360,7 @@ class TokenCounter:
         if isinstance(part, str):
             return self.count_text(part)
         if not isinstance(part, dict):
-            return self.count_text(json.dumps(part, default=str))
+            return self.count_text(_json_text(part))
         kind = part.get("type")
         text = part.get("text")
         if isinstance(text, str):
@@ -367,8 +388,16 @@ class TokenCounter:
             if isinstance(value, str):
                 total += self.count_text(value)
             elif value is not None:
-                total += self.count_text(json.dumps(value, separators=(",", ":"), default=str))
+                total += self.count_text(_json_text(value, separators=(",", ":")))
         return total
+
+
+def _json_text(value: Any, *, separators: tuple[str, str] = (", ", ": "), ensure_ascii: bool = True) -> str:
+    """JSON text to count for a structured value: unknown objects as their str, at any depth."""
+    try:
+        return json.dumps(value, separators=separators, ensure_ascii=ensure_ascii, default=str)
+    except RecursionError:
+        return dumps_iteratively(value, separators=separators, ensure_ascii=ensure_ascii, default=str)
 
 
 def _image_tokens(image: Any) -> int:

@@ -6,6 +6,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from proxy.messages import is_tool_result, role
+
 # Reasoning is the model's scratch work: it is dropped from the transcript, never summarised.
 _REASONING_PART_TYPES = frozenset({"thinking", "redacted_thinking", "reasoning", "reasoning_content"})
 
@@ -30,9 +32,8 @@ def format_message_for_compacting(message: Any) -> str:
     """
     if not isinstance(message, dict):
         return _record("unknown", _scalar_text(message), None)
-    role = message.get("role")
-    role_name = role if isinstance(role, str) and role else "unknown"
-    if role_name in ("tool", "function"):
+    role_name = role(message) or "unknown"
+    if is_tool_result(message):
         content = _tool_response(message.get("content"))
     else:
         content = _conversation_text(message)
@@ -40,8 +41,8 @@ def format_message_for_compacting(message: Any) -> str:
     return _record(role_name, content, name if isinstance(name, str) and name else None)
 
 
-def _record(role: str, content: str, name: str | None) -> str:
-    record: dict[str, str] = {"role": role}
+def _record(role_name: str, content: str, name: str | None) -> str:
+    record: dict[str, str] = {"role": role_name}
     if name is not None:
         record["name"] = name
     record["content"] = content

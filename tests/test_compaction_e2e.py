@@ -10,7 +10,7 @@ import aiohttp
 import openai
 import pytest
 
-from proxy.compaction import check_tool_pairing
+from proxy.plan import check_tool_pairing
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import FACT, Overflow, WindowedModel

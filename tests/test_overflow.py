@@ -4,17 +4,33 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from proxy.overflow import context_limit_from_error, detect_context_overflow
-
-CORPUS: list[dict[str, Any]] = json.loads(
-    (Path(__file__).parent / "fixtures" / "overflow_public.json").read_text(encoding="utf-8")
+from proxy.overflow import (
+    _COMPARISON,
+    _LIMIT,
+    _OUTPUT,
+    _SUBJECT,
+    _WINDOW,
+    _input_text,
+    _message_says_overflow,
+    _requested_and_limit,
+    context_limit_from_error,
+    detect_context_overflow,
 )
-CORPUS_BY_ID = {entry["id"]: entry for entry in CORPUS}
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CORPUS: list[dict[str, Any]] = json.loads((FIXTURES / "overflow_public.json").read_text(encoding="utf-8"))
+# More providers' bodies, found verbatim in public issues and source code; same entry format, each with its source.
+MORE: list[dict[str, Any]] = json.loads((FIXTURES / "overflow_more.json").read_text(encoding="utf-8"))
+CORPUS_BY_ID = {entry["id"]: entry for entry in CORPUS + MORE}
 
 
 def body_text(entry: dict[str, Any]) -> str:
@@ -236,3 +252,194 @@ OWN_LIMITS: list[tuple[str, str | bytes, int | None]] = [
 @pytest.mark.parametrize(("body", "limit"), [c[1:] for c in OWN_LIMITS], ids=[c[0] for c in OWN_LIMITS])
 def test_limit_from_own_bodies(body: str | bytes, limit: int | None) -> None:
     assert context_limit_from_error(body) == limit
+
+
+# --- the second corpus ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("entry", MORE, ids=[entry["id"] for entry in MORE])
+def test_more_entry_is_classified_as_labelled(entry: dict[str, Any]) -> None:
+    text = body_text(entry)
+    assert detect_context_overflow(entry["status"], text) is entry["is_context_overflow"]
+    assert detect_context_overflow(entry["status"], text.encode()) is entry["is_context_overflow"]
+
+
+def test_more_corpus_is_well_formed_and_new() -> None:
+    assert len(MORE) >= 30
+    assert {e["is_context_overflow"] for e in MORE} == {True, False}
+    assert len(CORPUS_BY_ID) == len(CORPUS) + len(MORE), "ids are unique across both corpora"
+    for entry in MORE:
+        assert entry.keys() == CORPUS[0].keys(), entry["id"]
+        assert entry["source"].strip() and entry["note"].strip(), entry["id"]
+    assert len({e["provider"].split(" (")[0] for e in MORE} - {e["provider"].split(" (")[0] for e in CORPUS}) >= 15
+
+
+@pytest.mark.parametrize("entry", [e for e in MORE if e["status"] == 429], ids=lambda e: e["id"])
+def test_quota_lookalike_is_rejected_by_its_words_too(entry: dict[str, Any]) -> None:
+    # The 429 shortcut decides these; the grammar must agree when a gateway relabels the status.
+    assert detect_context_overflow(400, body_text(entry)) is False
+
+
+MORE_LIMITS = [
+    ("cohere-v1-too-many-tokens", 2048), ("dashscope-compat-range-of-input-length", 983616),
+    ("volcengine-ark-input-length-exceeds-maximum", 202752), ("nvidia-nim-vllm-you-passed", 202752),
+    ("nvidia-nim-messages-resulted", 196608), ("omlx-prompt-too-long-exceeds-max-context-window", 32768),
+    ("lmstudio-old-input-length-exceeds-context-length", 1500), ("tgi-inputs-must-have-less-than", 1024),
+    ("tei-inputs-must-have-less-than-413", 512), ("tensorrt-llm-triton-prompt-exceeds-max-sequence-length", 2048),
+    ("xai-maximum-prompt-length", 131072), ("copilot-empty-code", 64000), ("kimi-exceeded-model-token-limit", 262144),
+    ("siliconflow-prompt-tokens-less-than-max-seq-len", 65536), ("siliconflow-max-total-tokens", 32768),
+    ("cerebras-current-length-while-limit", 40000), ("cloudflare-workers-ai-vllm-at-least", 131072),
+    ("cloudflare-requested-token-count", 256000), ("textgen-webui-openai-ext-resulted-in-over", 2048),
+    ("fastchat-code-40303", 2048), ("gemini-input-token-count-no-count", 1048576),
+    ("rix-relay-gemini-input-token-count", 131072), ("github-models-tokens-limit-reached-413", 8000),
+]
+
+
+@pytest.mark.parametrize(("entry_id", "limit"), MORE_LIMITS, ids=[c[0] for c in MORE_LIMITS])
+def test_limit_named_by_more_entry(entry_id: str, limit: int) -> None:
+    assert context_limit_from_error(body_text(CORPUS_BY_ID[entry_id])) == limit
+
+
+@pytest.mark.parametrize("entry", [e for e in MORE if not e["is_context_overflow"]], ids=lambda e: e["id"])
+def test_lookalike_names_no_window(entry: dict[str, Any]) -> None:
+    # An output cap ("max_tokens cannot exceed 8192") or a quota is not the window: nothing to remember.
+    assert context_limit_from_error(body_text(entry)) is None
+
+
+# --- the grammar, piece by piece ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("pattern", "hits", "misses"), [
+    (_SUBJECT, ["prompt is too long", "`inputs` tokens", "input token count", "your messages resulted",
+                "number of tokens (prompt and prediction)", "too many tokens: size limit exceeded"],
+     ["temperature must be <= 2", "request exceeds the maximum size", "max_tokens is too large"]),
+    (_COMPARISON, ["exceeds the limit", "cannot exceed 2048", "must have less than 4096", "is greater than the",
+                   "must be <= 8192", "211180 tokens > 200000", "(n_keep: 9000 >= n_ctx: 4096)",
+                   "range of input length should be [1, 30720]", "size limit exceeded by 11836 tokens",
+                   "is longer than the maximum model length", "context length is only 32768"],
+     ["this model's maximum context length is 8192 tokens", "<html><h1>413", "please reduce the length"]),
+    (_LIMIT, ["maximum number of tokens allowed", "max length", "exceeds the limit of", "should be [1, 30720]"],
+     ["max_tokens", "the input length"]),
+    (_WINDOW, ["maximum context length", "the context window", "context size", "context_length", "n_ctx: 4096",
+               "max_seq_len (65536)", "the maximum model length of 8192", "maximum prompt length"],
+     ["context=()", "supplied: context", "max_tokens"]),
+    (_OUTPUT, ["max_tokens is too large", "`max_new_tokens` must be", "max_completion_tokens", "4096 completion tokens",
+               "the maximum tokens you requested", "maximum allowed number of output tokens"],
+     ["max_total_tokens (33802)", "in the completion", "input tokens"]),
+])
+def test_grammar_piece(pattern: re.Pattern[str], hits: list[str], misses: list[str]) -> None:
+    assert [text for text in hits if not pattern.search(text)] == []
+    assert [text for text in misses if pattern.search(text)] == []
+
+
+def test_output_clauses_are_set_aside_but_mixed_ones_stay() -> None:
+    message = ("'max_tokens' or 'max_completion_tokens' is too large: 8192. this model's maximum context length is "
+               "65536 tokens and your request has 57546 input tokens (8192 > 65536 - 57546). (parameter=max_tokens)")
+    kept = _input_text(message)
+    assert "too large" not in kept and "parameter=max_tokens" not in kept
+    assert "maximum context length is 65536" in kept
+    assert "max_new_tokens" in _input_text("input validation error: `inputs` tokens + `max_new_tokens` must be <= 8192")
+    assert _input_text("input validation error: `max_new_tokens` must be <= 192").strip() == ""
+
+
+@pytest.mark.parametrize(("message", "verdict"), [
+    # The brief's pair: an input-side window refusal, and an output-limit look-alike naming a maximum.
+    ("This model's maximum context length is 8192 tokens. However, you requested 9000 tokens", True),
+    ("max_tokens is too large: 10000. This model supports at most 4096 completion tokens", False),
+    ("prompt is too long", True),
+    ("Please reduce the length of the messages.", True),
+    ("Prompt exceeds max length", True),
+    ("Context size has been exceeded.", True),
+    ("too many tokens: size limit exceeded by 11836 tokens. Try using shorter or fewer inputs", True),
+    ("Your request exceeded model token limit: 131072", True),
+    ("Request body too large for gpt-4o model. Max size: 8000 tokens.", True),
+    ("`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 512 `max_new_tokens`", True),
+    ("max_tokens: 70000 > 64000, which is the maximum allowed number of output tokens", False),
+    ("Invalid max_tokens value, the valid range of max_tokens is [1, 8192]", False),
+    ("Range of max_tokens should be [1, 8192]", False),
+    ("Request exceeds the limit of 32 MB", False),
+    ("Invalid input: temperature must be <= 2", False),
+    ("the maximum context length is 8192 tokens", False),  # names the window but compares nothing
+    ("This model's maximum context length is 8192 tokens. However, you requested 8000 tokens", False),
+])
+def test_message_grammar(message: str, verdict: bool) -> None:
+    assert _message_says_overflow(message.lower()) is verdict
+
+
+@pytest.mark.parametrize(("message", "counts"), [
+    ("this model's maximum context length is 8192 tokens. however, you requested 9000 tokens", (9000, 8192)),
+    ("this endpoint's maximum context length is 16,384 tokens. however, you requested about 94,307 tokens",
+     (94307, 16384)),
+    (("you requested 65535 output tokens and your prompt contains at least 62466 input tokens, for a total of at "
+      "least 128001 tokens. this model's maximum context length is 128000 tokens"), (128001, 128000)),
+    ("please reduce the length of the messages or completion. current length is 42328 while limit is 40000",
+     (42328, 40000)),
+    ("this model's maximum prompt length is 131072 but the request contains 136973 tokens.", (136973, 131072)),
+    ("your request exceeded model token limit: 262144 (requested: 269030)", (269030, 262144)),
+    ("prompt is too long", (None, None)),
+    # The output clause is not read: its numbers are the output budget, not the window.
+    ("max_tokens is too large: 6000. this model supports at most 4096 completion tokens", (None, None)),
+])
+def test_numbers_read_from_the_text(message: str, counts: tuple[int | None, int | None]) -> None:
+    assert _requested_and_limit(message) == counts
+
+
+NEW_STYLE_LIMITS: list[tuple[str, str, int | None]] = [
+    ("openai", error_body("This model's maximum context length is 8192 tokens."), 8192),
+    ("llamacpp-lmstudio", "(n_keep: 9000 >= n_ctx: 4096)", 4096),
+    ("dashscope-range", "Range of input length should be [1, 30720]", 30720),
+    ("tgi-total", json.dumps({"error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. "
+                                       "Given: 4000 `inputs` tokens and 512 `max_new_tokens`"}), 4096),
+    ("tgi-input", json.dumps({"error": "Input validation error: `inputs` must have less than 1024 tokens. "
+                                       "Given: 1062"}), 1024),
+    ("cohere", "total number of tokens (prompt and prediction) cannot exceed 2048 - received 6354", 2048),
+    ("sum-form", "input length and `max_tokens` exceed context limit: 180000 + 32000 > 200000", 200000),
+    ("bytes-are-not-tokens", "Request payload exceeds the limit: 20971520 bytes", None),
+    ("characters-are-not-tokens", "`inputs` must have less than 32000 characters. Given: 67337", None),
+    ("output-cap", "max_tokens (10000) cannot exceed 8192. Please reduce the length of max output tokens", None),
+    ("quota", "Request too large on tokens per min (TPM): Limit 30000, Requested 342389.", None),
+]
+
+
+@pytest.mark.parametrize(("body", "limit"), [c[1:] for c in NEW_STYLE_LIMITS], ids=[c[0] for c in NEW_STYLE_LIMITS])
+def test_limit_from_new_styles(body: str, limit: int | None) -> None:
+    assert context_limit_from_error(body) == limit
+
+
+# --- properties -----------------------------------------------------------------------------------------------------
+
+OVERFLOW_WORDS = st.sampled_from([
+    "prompt", "input", "messages", "tokens", "exceeds", "maximum context length", "is too long", "n_ctx: ", "> ",
+    "must be <= ", "[1, ", "max_tokens", "limit", "tokens per min", "data: ", '{"error": ', '"message": "', "}", "\n",
+    "8192", "9,000", "\udcff", "\u003e",
+])
+BODIES = st.one_of(
+    st.binary(max_size=3000),
+    st.text(max_size=3000),
+    st.lists(st.one_of(OVERFLOW_WORDS, st.text(max_size=20)), max_size=80).map("".join),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(status=st.sampled_from([200, 400, 413, 422, 429, 500, 503]), body=BODIES)
+def test_any_body_gives_a_bool_and_never_raises(status: int, body: str | bytes) -> None:
+    assert isinstance(detect_context_overflow(status, body), bool)
+    limit = context_limit_from_error(body)
+    assert limit is None or (isinstance(limit, int) and limit > 0)
+
+
+@pytest.mark.parametrize("body", [
+    "This model's maximum context length is " + "9" * 60_000 + " tokens. However, you requested 9000 tokens",
+    "limit " + "1," * 30_000, "prompt exceeds limit of " * 3_000, " > 1" * 20_000, "max_tokens is too large. " * 3_000,
+], ids=["huge-number", "comma-run", "repeated-phrase", "repeated-comparison", "many-output-clauses"])
+def test_pathological_texts_are_cheap_and_safe(body: str) -> None:
+    started = time.perf_counter()
+    assert isinstance(detect_context_overflow(400, body), bool)
+    limit = context_limit_from_error(body)
+    assert limit is None or 0 < limit < 10**15
+    assert time.perf_counter() - started < 0.5
+
+
+@settings(max_examples=100, deadline=None)
+@given(body=BODIES)
+def test_quota_statuses_and_finish_length_are_never_overflows(body: str | bytes) -> None:
+    assert detect_context_overflow(429, body) is False
+    assert detect_context_overflow(200, completion(str(body)[:200], "length")) is False

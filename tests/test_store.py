@@ -13,7 +13,8 @@ import pytest
 
 from proxy.config import StoreConfig
 from proxy.fingerprint import hash_chain, tenant_namespace
-from proxy.store import MemoryStore, SingleFlight, SqliteStore, SummaryRecord, SummaryStore, open_store
+from proxy.single_flight import SingleFlight
+from proxy.store import CompactedPrefix, MemoryStore, SqliteStore, SummaryStore, open_store
 
 TTL = 100.0
 TENANT = tenant_namespace("sk-one")
@@ -32,10 +33,10 @@ def history(n: int, salt: str = "") -> list[dict[str, Any]]:
     return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{salt}message {i}"} for i in range(n)]
 
 
-def record_for(chain: list[str], prefix_len: int, model: str = "m") -> SummaryRecord:
+def record_for(chain: list[str], prefix_len: int, model: str = "m") -> CompactedPrefix:
     summary = {"role": "user", "content": f"summary of {prefix_len}"}
     note = {"role": "assistant", "content": "continuing"}
-    return SummaryRecord(chain[prefix_len - 1], prefix_len, (summary, note), 1000 * prefix_len, 50, model, 1.5)
+    return CompactedPrefix(chain[prefix_len - 1], prefix_len, (summary, note), 1000 * prefix_len, 50, model, 1.5)
 
 
 StoreMaker = Callable[[FakeClock], SummaryStore]
@@ -95,8 +96,8 @@ async def test_record_whose_length_does_not_line_up_is_never_returned(make_store
     store = make_store(FakeClock())
     chain = hash_chain(history(8), TENANT)
     good = record_for(chain, 2)
-    misplaced = SummaryRecord(chain[5], 3, good.replacement, 1, 1, "m", 0.0)
-    beyond = SummaryRecord(chain[6], 20, good.replacement, 1, 1, "m", 0.0)
+    misplaced = CompactedPrefix(chain[5], 3, good.replacement, 1, 1, "m", 0.0)
+    beyond = CompactedPrefix(chain[6], 20, good.replacement, 1, 1, "m", 0.0)
     for record in (good, misplaced, beyond):
         await store.put(TENANT, record)
     assert await store.longest_match(TENANT, chain) == good
@@ -217,8 +218,8 @@ async def test_sqlite_closed_or_unusable(tmp_path: Path) -> None:
 
 def test_record_json_round_trip() -> None:
     record = record_for(hash_chain(history(3), TENANT), 2)
-    assert SummaryRecord.from_json(record.to_json()) == record
-    assert SummaryRecord.from_json(record.to_json().encode()) == record
+    assert CompactedPrefix.from_json(record.to_json()) == record
+    assert CompactedPrefix.from_json(record.to_json().encode()) == record
 
 
 @pytest.mark.parametrize(
@@ -241,7 +242,7 @@ def test_record_json_round_trip() -> None:
 )
 def test_record_from_bad_json(text: str) -> None:
     with pytest.raises(ValueError):
-        SummaryRecord.from_json(text)
+        CompactedPrefix.from_json(text)
 
 
 def test_open_store_follows_config(tmp_path: Path) -> None:

@@ -34,6 +34,8 @@ RENDER_CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
     "compaction_instruction.md": ({}, ["<analysis>", "```json"]),
     "compaction_summary.md": (SUMMARY_FIELDS, ["# Conversation Summary", "### proxy/app.py", "Run the tests"]),
     "continuation.md": ({}, ["summary above"]),
+    "acknowledgement.md": ({}, ["Understood"]),
+    "elided.md": ({"tokens": 4321}, ["4321 tokens", "left out", "verbatim"]),
     "merge_instruction.md": ({"part_count": 7}, ["7 partial summaries"]),
     "chunk_instruction.md": ({"part_index": 2, "part_count": 5}, ["part 2 of 5", "<analysis>", "```json"]),
 }
@@ -61,6 +63,8 @@ def test_convenience_methods_match_render(templates: Templates) -> None:
     assert templates.compaction_instruction() == templates.render("compaction_instruction.md")
     assert templates.summary(SUMMARY_FIELDS) == templates.render("compaction_summary.md", **SUMMARY_FIELDS)
     assert templates.continuation_note() == templates.render("continuation.md")
+    assert templates.acknowledgement() == templates.render("acknowledgement.md")
+    assert "77 tokens" in templates.elision_marker(77)
     assert templates.merge_instruction(3) == templates.render("merge_instruction.md", part_count=3)
 
 

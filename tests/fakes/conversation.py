@@ -29,15 +29,15 @@ class ScriptResult:
 
 
 async def _ask(client: openai.AsyncOpenAI, history: list[dict[str, Any]], stream: bool,
-               result: ScriptResult) -> dict[str, Any]:
+               result: ScriptResult, **options: Any) -> dict[str, Any]:
     result.requests += 1
     if not stream:
         raw = await client.chat.completions.with_raw_response.create(
-            model="fake-small", messages=history, tools=TOOLS)
+            model="fake-small", messages=history, tools=TOOLS, **options)
         result.headers.append(raw.headers["x-compaction"])
         return raw.parse().choices[0].message.model_dump(exclude_none=True)
     async with client.chat.completions.with_streaming_response.create(
-            model="fake-small", messages=history, tools=TOOLS, stream=True) as response:
+            model="fake-small", messages=history, tools=TOOLS, stream=True, **options) as response:
         result.headers.append(response.headers["x-compaction"])
         stream = await response.parse()
         return _assemble([chunk async for chunk in stream])
@@ -59,18 +59,21 @@ def _assemble(chunks: list[Any]) -> dict[str, Any]:
     return {"role": "assistant", "content": content}
 
 
-async def run_script(client: openai.AsyncOpenAI, turns: int, *, stream: bool = False) -> ScriptResult:
-    """Drive `turns` user turns; a tool call is answered and sent back, as an agent loop would."""
+async def run_script(client: openai.AsyncOpenAI, turns: int, *, stream: bool = False,
+                     **options: Any) -> ScriptResult:
+    """Drive `turns` user turns; a tool call is answered and sent back, as an agent loop would.
+
+    `options` go into every request as they are (`max_tokens=...`)."""
     result = ScriptResult(history=[SYSTEM])
     for turn in range(turns):
         result.history.append(user_message(turn))
-        reply = await _ask(client, result.history, stream, result)
+        reply = await _ask(client, result.history, stream, result, **options)
         result.history.append(reply)
         while reply.get("tool_calls"):
             for call in reply["tool_calls"]:
                 city = json.loads(call["function"]["arguments"])["city"]
                 result.history.append({"role": "tool", "tool_call_id": call["id"],
                                        "content": f"Sunny in {city}, 21 C, FACT-w{turn}"})
-            reply = await _ask(client, result.history, stream, result)
+            reply = await _ask(client, result.history, stream, result, **options)
             result.history.append(reply)
     return result

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 ChatHook = Callable[[web.Request, dict[str, Any], "FakeUpstream"], Awaitable[web.StreamResponse | None]]
+RawChatHook = Callable[[web.Request, "FakeUpstream"], Awaitable[web.StreamResponse | None]]
 
 
 @dataclass
@@ -39,6 +40,7 @@ class FakeUpstream:
     silent_seconds: float = 0.0                       # sleep before answering (idle-timeout tests)
     gzip: bool = False
     chat_hook: ChatHook | None = None                 # takes over chat completions when it returns a response
+    raw_chat_hook: RawChatHook | None = None          # like chat_hook, but before the body is parsed as JSON
     url: str = ""
 
     def chat_requests(self) -> list[dict[str, Any]]:
@@ -118,6 +120,10 @@ class FakeUpstreamApp:
         return await handler(request)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        if self.state.raw_chat_hook is not None:
+            raw = await self.state.raw_chat_hook(request, self.state)
+            if raw is not None:
+                return raw
         body = await request.json()
         if self.state.chat_hook is not None:
             hooked = await self.state.chat_hook(request, body, self.state)

@@ -47,6 +47,9 @@ class WindowedModel:
     overflow: Overflow = field(default_factory=Overflow)
     summary_delay: float = 0.0
     summarizer_down: bool = False
+    # Summaries longer than this many output tokens are cut off (`finish_reason: length`), as a rambling small
+    # model's are; None: never.
+    summary_cut_above: int | None = None
     always_answer: Overflow | None = None      # serve this whatever the prompt (look-alike negatives)
     received: list[Received] = field(default_factory=list)
     counter: TokenCounter = field(default_factory=lambda: TokenCounter("cl100k_base"))
@@ -79,7 +82,11 @@ class WindowedModel:
                 return web.json_response({"error": {"message": "summariser unavailable", "type": "server_error",
                                                     "param": None, "code": None}}, status=503)
             await asyncio.sleep(self.summary_delay)
-            return web.json_response(_completion(body, _summary_reply(messages), prompt))
+            answer = _completion(body, _summary_reply(messages), prompt)
+            limit = body.get("max_tokens") or body.get("max_completion_tokens") or 0
+            if self.summary_cut_above is not None and limit > self.summary_cut_above:
+                answer["choices"][0]["finish_reason"] = "length"
+            return web.json_response(answer)
         return await self._answer(request, body, prompt)
 
     def _overflow(self, overflow: Overflow, prompt: int, body: dict[str, Any]) -> web.StreamResponse:

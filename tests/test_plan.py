@@ -1,4 +1,4 @@
-"""Tests for the compaction policy: tail choice, system message handling, tool pairing and splicing."""
+"""Tests for the plan: tail choice (chat turns and agent tool loops), kept instructions, pairing and splicing."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
-from proxy.compaction import (
+from proxy.budget import Limits
+from proxy.plan import (
     Plan,
     apply_replacement,
     check_tool_pairing,
+    last_input_tokens,
     plan_compaction,
     replacement,
     splice,
@@ -20,6 +22,15 @@ from proxy.compaction import (
 Message = dict[str, Any]
 SUMMARY: Message = {"role": "user", "content": "# Conversation Summary\n..."}
 NOTE: Message = {"role": "assistant", "content": "Continuing from the summary."}
+ACK: Message = {"role": "assistant", "content": "Understood."}
+BIG = 1_000_000
+
+
+def limits(tail: int = 0, instructions: int = 0, window: int = BIG, **fields: Any) -> Limits:
+    """Limits whose allotment gives exactly `tail` extra tail tokens and `instructions` for earlier user messages."""
+    return Limits(window=window, threshold=fields.get("threshold", 0.8), target=fields.get("target", 0.5),
+                  reserve=fields.get("reserve", 0), tail_share=(tail + 0.5) / window,
+                  instruction_share=(instructions + 0.5) / window)
 
 
 def _call(call_id: str) -> Message:
@@ -51,56 +62,106 @@ def ten_each(message: Message) -> int:
 @pytest.mark.parametrize(
     ("spec", "budget", "expected"),
     [
-        # expected: (head length, prefix_len, indices of kept system messages) or None
-        ("S U A U A U", 0, (1, 5, [])),
-        ("S U A U C:x T:x C:y T:y", 0, (1, 3, [])),
-        ("S U A U C:x,y T:y T:x", 0, (1, 3, [])),
-        ("U A U C:x T:x A U", 40, (0, 6, [])),
-        ("U C:x T:x A U C:x T:x", 0, (0, 4, [])),
-        ("U A U C:x U T:x", 0, (0, 2, [])),
-        ("S U A D U A U", 0, (1, 6, [3])),
-        ("S D U A D S U", 0, (2, 6, [4, 5])),
-        ("S U A U A U A U", 30, (1, 5, [])),
-        ("S U A U A U A U", 29, (1, 7, [])),
-        ("S U A U A U", 1000, (1, 3, [])),
-        ("U A U C:x T:x", 5, (0, 2, [])),
-        ("S A A", 0, None),
+        # expected: (head length, prefix_len, indices of kept system messages, indices of kept user messages)
+        ("S U A U A U", 0, (1, 5, [], [])),
+        # Agent loops: the tail may begin at an assistant tool call; the latest user message is kept verbatim.
+        ("S U A U C:x T:x C:y T:y", 0, (1, 6, [], [3])),
+        ("S U A U C:x,y T:y T:x", 0, (1, 3, [], [])),  # the latest user message opens the tail: it costs nothing
+        ("U C:x T:x A U C:x T:x", 0, (0, 4, [], [])),
+        ("U A U C:x T:x", 5, (0, 2, [], [])),
+        ("U A U C:x T:x C:y T:y", 5, (0, 5, [], [2])),
+        ("U C:x T:x C:y T:y C:z T:z", 25, (0, 3, [], [0])),
+        ("U C:x T:x C:y T:y C:z T:z", 15, (0, 5, [], [0])),
+        # Extending the tail over whole exchanges, within the budget, before assistants as well as users.
+        ("U A U C:x T:x A U", 40, (0, 2, [], [])),
+        ("S U A U A U A U", 30, (1, 4, [], [])),
+        ("S U A U A U A U", 29, (1, 5, [], [])),
+        ("S U A U A U", 1000, (1, 2, [], [])),
+        # A cut never separates a call from its result, even in a history that is invalid around it.
+        ("U A U C:x U T:x", 0, (0, 3, [], [])),
+        ("S U A D U A U", 0, (1, 6, [3], [])),
+        ("S D U A D S U", 0, (2, 6, [4, 5], [])),
+        ("S A A", 0, (1, 2, [], [])),
+        ("S U C:x T:x", 0, (1, 2, [], [1])),
+        ("S D U A", 0, (2, 3, [], [2])),
         ("", 0, None),
         ("S U", 0, None),
-        ("S U C:x T:x", 0, None),
-        ("S D U A", 0, None),
+        ("S D", 0, None),
     ],
 )
-def test_tail_selection(spec: str, budget: int, expected: tuple[int, int, list[int]] | None) -> None:
+def test_tail_selection(spec: str, budget: int, expected: tuple[int, int, list[int], list[int]] | None) -> None:
     messages = build(spec)
-    plan = plan_compaction(messages, ten_each, budget)
+    plan = plan_compaction(messages, ten_each, limits(budget))
     if expected is None:
         assert plan is None
         return
-    head_len, prefix_len, kept = expected
+    head_len, prefix_len, kept, users = expected
     assert plan is not None
     assert (len(plan.head), plan.prefix_len) == (head_len, prefix_len)
     assert list(plan.kept_system) == [messages[i] for i in kept]
+    assert list(plan.kept_users) == [messages[i] for i in users]
     assert [*plan.head, *plan.span, *plan.tail] == messages
-    assert plan.tail[0]["role"] == "user"
+    assert plan.tail[0]["role"] in ("user", "assistant")
+
+
+@pytest.mark.parametrize(
+    ("allotted", "kept"),
+    [
+        (0, [7]),           # the latest is kept whatever the budget
+        (10, [5, 7]),       # then the newest earlier ones...
+        (25, [3, 5, 7]),
+        (1000, [0, 3, 5, 7]),
+    ],
+)
+def test_earlier_user_messages_kept_newest_first(allotted: int, kept: list[int]) -> None:
+    messages = build("U C:a T:a U A U A U C:x T:x C:y T:y")
+    plan = plan_compaction(messages, ten_each, limits(0, allotted))
+    assert plan is not None and plan.prefix_len == 10
+    assert list(plan.kept_users) == [messages[i] for i in kept]
+    spliced = splice(plan, SUMMARY, NOTE, ACK)
+    roles = [m["role"] for m in spliced]
+    assert all(pair != ("user", "user") and pair != ("assistant", "assistant") for pair in zip(roles, roles[1:]))
+    assert [m for m in spliced if m["role"] == "user" and m is not SUMMARY] == [messages[i] for i in kept]
+
+
+def test_synthetic_messages_are_never_kept_as_instructions() -> None:
+    messages = [SUMMARY, NOTE, *build("U C:x T:x C:y T:y")]
+    plan = plan_compaction(messages, ten_each, limits(0, 1000), synthetic=frozenset({0, 1}))
+    assert plan is not None
+    assert SUMMARY in plan.to_summarise and SUMMARY not in plan.kept_users
+    assert list(plan.kept_users) == [messages[2]]
 
 
 def test_token_figures() -> None:
     messages = build("S U A D U A U C:x T:x")
-    plan = plan_compaction(messages, lambda m: len(m["role"]), 0)
-    assert plan is not None
+    plan = plan_compaction(messages, lambda m: len(m["role"]), limits())
+    assert plan is not None and plan.prefix_len == 6
     lengths = [len(m["role"]) for m in messages]
     assert plan.tokens_before == sum(lengths)
     assert plan.head_tokens == lengths[0]
     assert plan.span_tokens == sum(lengths[1:6])
     assert plan.kept_system_tokens == len("developer")
+    assert plan.kept_user_tokens == 0
     assert plan.tail_tokens == sum(lengths[6:])
-    assert plan.tokens_after(100) == plan.head_tokens + plan.kept_system_tokens + plan.tail_tokens + 100
+    assert plan.tokens_after(100) == plan.head_tokens + plan.kept_system_tokens + plan.kept_user_tokens \
+        + plan.tail_tokens + 100
+
+
+def test_the_plan_reserves_room_for_the_next_turn() -> None:
+    """Tail and summary together leave room for the reserve and one more exchange like the last."""
+    messages = build("S " + "U A " * 30 + "U")
+    plan = plan_compaction(messages, ten_each, Limits(window=1000, threshold=0.8, target=0.5, reserve=100,
+                                                      tail_share=0.5, instruction_share=0))
+    assert plan is not None
+    allotment = plan.allotment
+    assert allotment.growth == 10 + 10  # the last user message again, and an answer like the last one
+    assert allotment.goal == 500 - 100 - 20
+    assert plan.kept_tokens + plan.summary_tokens <= allotment.goal
 
 
 def test_summariser_input_leaves_out_kept_system_messages() -> None:
     messages = build("S U A D U A U")
-    plan = plan_compaction(messages, ten_each, 0)
+    plan = plan_compaction(messages, ten_each, limits())
     assert plan is not None
     assert [m["role"] for m in plan.to_summarise] == ["user", "assistant", "user", "assistant"]
     assert messages[3] in plan.span and messages[3] not in plan.to_summarise
@@ -112,24 +173,24 @@ def test_summariser_input_leaves_out_kept_system_messages() -> None:
         ("S U A U", ["system", "user", "assistant", "user"]),
         ("U A U A U", ["user", "assistant", "user"]),
         ("S U A D U C:x T:x", ["system", "developer", "user", "assistant", "user", "assistant", "tool"]),
+        ("S U C:x T:x C:y T:y", ["system", "user", "assistant", "user", "assistant", "tool"]),
+        ("S A C:x T:x", ["system", "user", "assistant", "tool"]),
     ],
 )
 def test_splice_shape(spec: str, roles: list[str]) -> None:
     messages = build(spec)
-    plan = plan_compaction(messages, ten_each, 0)
+    plan = plan_compaction(messages, ten_each, limits())
     assert plan is not None
-    spliced = splice(plan, SUMMARY, NOTE)
+    spliced = splice(plan, SUMMARY, NOTE, ACK)
     assert [m["role"] for m in spliced] == roles
-    summary_at = spliced.index(SUMMARY)
-    assert spliced[summary_at + 1] is NOTE and spliced[summary_at + 2]["role"] == "user"
     assert spliced[-1] is messages[-1]
     assert check_tool_pairing(spliced) == []
-    assert replacement(plan, SUMMARY, NOTE) + messages[plan.prefix_len :] == spliced
+    assert replacement(plan, SUMMARY, NOTE, ACK) + messages[plan.prefix_len :] == spliced
 
 
 def test_invalid_input_stays_detectably_invalid() -> None:
     """Splicing cannot repair a broken client history; the checker must still catch it before forwarding."""
-    plan = plan_compaction(build("S D U A U A U T:q"), ten_each, 0)
+    plan = plan_compaction(build("S D U A U A U T:q"), ten_each, limits())
     assert plan is not None
     assert check_tool_pairing(splice(plan, SUMMARY, NOTE)) != []
 
@@ -142,7 +203,7 @@ def test_hostile_field_types_do_not_crash_planning() -> None:
         {"role": ["system"], "content": "odd role"},
         {"role": "user", "content": "again"},
     ]
-    plan = plan_compaction(messages, ten_each, 0)
+    plan = plan_compaction(messages, ten_each, limits())
     assert plan is not None and plan.prefix_len == 4
     assert check_tool_pairing(messages) != []
 
@@ -151,7 +212,7 @@ def test_splice_keeps_assistant_fields_verbatim() -> None:
     messages = build("U A U C:x T:x C:y")
     messages[-1]["reasoning"] = {"summary": "kept"}
     messages.append({"role": "tool", "tool_call_id": "y", "content": "ok"})
-    plan = plan_compaction(messages, ten_each, 0)
+    plan = plan_compaction(messages, ten_each, limits(20))
     assert plan is not None
     spliced = splice(plan, SUMMARY, NOTE)
     assert spliced[-4:] == messages[-4:]
@@ -168,7 +229,7 @@ def test_splice_keeps_assistant_fields_verbatim() -> None:
     ],
 )
 def test_splice_rejects_wrong_roles(summary: Message, note: Message) -> None:
-    plan = plan_compaction(build("U A U"), ten_each, 0)
+    plan = plan_compaction(build("U A U"), ten_each, limits())
     assert plan is not None
     with pytest.raises(ValueError):
         splice(plan, summary, note)
@@ -177,7 +238,7 @@ def test_splice_rejects_wrong_roles(summary: Message, note: Message) -> None:
 def test_inputs_are_not_mutated() -> None:
     messages = build("S U A D U C:x T:x A U C:y,z T:z T:y")
     before = copy.deepcopy(messages)
-    plan = plan_compaction(messages, ten_each, 25)
+    plan = plan_compaction(messages, ten_each, limits(25, 10))
     assert plan is not None
     spliced = splice(plan, SUMMARY, NOTE)
     apply_replacement(messages, replacement(plan, SUMMARY, NOTE), plan.prefix_len)
@@ -186,24 +247,38 @@ def test_inputs_are_not_mutated() -> None:
 
 
 @pytest.mark.parametrize(
-    ("spec", "prefix_len", "applies"),
+    ("spec", "prefix_len", "stored_ends_with", "applies"),
     [
-        ("S U A U A U", 3, True),
-        ("S U A U A U", 5, True),
-        ("S U A U A U", 6, False),
-        ("S U A U A U", 0, False),
-        ("S U A U A U", 2, False),
-        ("U C:x U T:x", 2, False),
+        ("S U A U A U", 3, "assistant", True),
+        ("S U A U A U", 5, "assistant", True),
+        ("S U A U A U", 6, "assistant", False),
+        ("S U A U A U", 0, "assistant", False),
+        ("S U A U A U", 2, "assistant", False),   # two assistants in a row at the seam
+        ("S U A U A U", 2, "user", True),         # a replacement ending in the kept instruction
+        ("S U A U A U", 3, "user", False),        # two users in a row
+        ("U C:x U T:x", 2, "assistant", False),   # the cut would orphan a tool result
+        ("U C:x T:x C:y T:y", 3, "user", True),   # mid-loop: the tail opens with the next tool call
+        ("U C:x T:x C:y T:y", 2, "user", False),  # before a tool result: never a cut
     ],
 )
-def test_apply_replacement(spec: str, prefix_len: int, applies: bool) -> None:
+def test_apply_replacement(spec: str, prefix_len: int, stored_ends_with: str, applies: bool) -> None:
     messages = build(spec)
-    stored = [messages[0], SUMMARY, NOTE]
+    kept: Message = {"role": "user", "content": "kept instruction"}
+    stored = [messages[0], SUMMARY, NOTE] if stored_ends_with == "assistant" else [SUMMARY, NOTE, kept]
     result = apply_replacement(messages, stored, prefix_len)
     if applies:
         assert result == stored + messages[prefix_len:]
     else:
         assert result is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [("U A U", 10), ("U C:x T:x", 10), ("U C:x,y T:x T:y", 20), ("U A", 0), ("", 0)],
+)
+def test_last_input_tokens(spec: str, expected: int) -> None:
+    messages = build(spec)
+    assert last_input_tokens(messages, [10] * len(messages)) == expected
 
 
 @pytest.mark.parametrize(
@@ -269,6 +344,10 @@ def _size(message: Message) -> int:
     return 4 + len(str(message.get("content") or "")) + 10 * len(message.get("tool_calls") or [])
 
 
+def _size(message: Message) -> int:
+    return 4 + len(str(message.get("content") or "")) + 10 * len(message.get("tool_calls") or [])
+
+
 def test_random_histories_splice_into_valid_requests() -> None:
     rng = random.Random(20240611)
     planned = 0
@@ -276,30 +355,31 @@ def test_random_histories_splice_into_valid_requests() -> None:
         messages = _random_history(rng)
         assert check_tool_pairing(messages) == []
         before = copy.deepcopy(messages)
-        budget = rng.choice([0, 20, 60, 150, 400, 10_000])
-        plan = plan_compaction(messages, _size, budget)
+        budget, kept = rng.choice([0, 20, 60, 150, 400, 10_000]), rng.choice([0, 30, 10_000])
+        plan = plan_compaction(messages, _size, limits(budget, kept))
         assert messages == before
         if plan is None:
-            last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
-            assert all(m["role"] in {"system", "developer"} for m in messages[:last_user])
+            assert all(m["role"] in {"system", "developer"} for m in messages[:-1]) or len(messages) < 2
             continue
         planned += 1
-        _assert_valid_plan(messages, plan, budget)
-    assert planned > 300
+        _assert_valid_plan(messages, plan)
+    assert planned > 600
 
 
-def _assert_valid_plan(messages: list[Message], plan: Plan, budget: int) -> None:
-    spliced = splice(plan, SUMMARY, NOTE)
+def _assert_valid_plan(messages: list[Message], plan: Plan) -> None:
+    spliced = splice(plan, SUMMARY, NOTE, ACK)
     assert check_tool_pairing(spliced) == []
     assert spliced[-1] is messages[-1]
-    assert spliced == replacement(plan, SUMMARY, NOTE) + messages[plan.prefix_len :]
+    assert spliced == replacement(plan, SUMMARY, NOTE, ACK) + messages[plan.prefix_len :]
     assert [*plan.head, *plan.span, *plan.tail] == messages
-    assert plan.tail[0]["role"] == "user"
+    assert plan.tail[0]["role"] in ("user", "assistant")
     assert list(plan.kept_system) == [m for m in plan.span if m["role"] in {"system", "developer"}]
     assert any(m["role"] not in {"system", "developer"} for m in plan.span)
+    # The user's latest words are in the request, verbatim, whatever was summarised.
     last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    assert plan.prefix_len == last_user or plan.tail_tokens <= budget
+    assert any(m is messages[last_user] for m in spliced)
     roles = [m["role"] for m in spliced]
     summary_at = spliced.index(SUMMARY)
-    assert roles[summary_at : summary_at + 3] == ["user", "assistant", "user"]
+    seam = roles[summary_at: len(spliced) - len(plan.tail) + 1]
+    assert all(a != b for a, b in zip(seam, seam[1:])), seam
     assert all(role in {"system", "developer"} for role in roles[:summary_at])

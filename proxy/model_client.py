@@ -1,4 +1,4 @@
-"""The summariser's model: a non-streaming chat completion sent through an Upstream."""
+"""The summariser's model client: a non-streaming chat completion sent through an Upstream."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from proxy import budget
 from proxy.errors import ProxyError
 from proxy.overflow import detect_context_overflow
 from proxy.summarizer import SummarizerError, SummarizerOverflow
@@ -14,15 +15,13 @@ from proxy.upstream import Upstream, UpstreamRequest
 
 # Only what identifies the caller travels with a summariser request; nothing else of the client's request does.
 CREDENTIAL_HEADERS = ("authorization", "x-api-key", "openai-organization", "openai-project", "api-key")
-# A summary shorter than this is not worth asking for: the request is treated as not fitting.
-MIN_OUTPUT_TOKENS = 128
 
 
 def credential_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in headers.items() if name.lower() in CREDENTIAL_HEADERS}
 
 
-class UpstreamChatModel:
+class ModelClient:
     """Implements the summariser's ChatModel protocol over the proxy's own HTTP client."""
 
     def __init__(self, upstream: Upstream, model: str, headers: Mapping[str, str], *, max_output_tokens: int,
@@ -40,13 +39,10 @@ class UpstreamChatModel:
 
     def output_limit(self, messages: list[dict[str, Any]]) -> int:
         """The output budget left once the prompt is in; servers reject prompt + max_tokens over the window."""
-        if not self.context_window:
-            return self.max_output_tokens
-        margin = self.context_window // 20 + 16
-        room = self.context_window - self._estimate(messages) - margin
-        if room < MIN_OUTPUT_TOKENS:
+        room = budget.summarizer_output_room(self.context_window, self._estimate(messages), self.max_output_tokens)
+        if room is None:
             raise SummarizerOverflow("the summariser's prompt leaves no room for a summary")
-        return min(self.max_output_tokens, room)
+        return room
 
     async def complete(self, system: str, messages: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
         sent = [{"role": "system", "content": system}, *messages]

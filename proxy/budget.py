@@ -1,0 +1,146 @@
+"""Every token-budget decision of compaction, as pure arithmetic: trigger, goal, allotments, rooms, growth.
+
+The numbers it works with are prompt tokens as the proxy estimates them (calibrated against the upstream's own
+counts). Nothing else in the package computes a budget; it asks this module, and the log line of a compaction
+carries the `Allotment` it was planned with.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+# A summary shorter than this cannot carry the nine fields the prompt asks for.
+MIN_SUMMARY_TOKENS = 256
+# Summarising must save at least this much beyond the summary itself, or it only costs a summariser call.
+MIN_GAIN_TOKENS = 64
+# A summary should compress what it replaces at least this many times over.
+COMPRESSION = 2
+# A message elided to fit keeps at least this much of its text (both ends), so the model still sees its shape.
+MIN_ELIDED_TOKENS = 128
+# Servers count tokens a little differently from any estimate: keep a margin when filling a window to the brim.
+WINDOW_MARGIN_SHARE = 20
+WINDOW_MARGIN_TOKENS = 16
+# The summariser's answer must have at least this much room, or asking is pointless.
+MIN_SUMMARIZER_OUTPUT = 128
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a request may use: its model's window and the operator's fractions of it."""
+
+    window: int
+    threshold: float             # proactive trigger, a fraction of the window (0 or >= 1: never proactive)
+    target: float                # where the next request should land after a compaction
+    reserve: int                 # output tokens this request reserves
+    tail_share: float = 0.25     # most of the window kept verbatim as recent turns beyond the minimum
+    instruction_share: float = 0.1  # most of the window kept for earlier user messages, verbatim
+    max_summary_tokens: int = 4096  # the summariser's output cap
+
+    @property
+    def proactive(self) -> bool:
+        return 0 < self.threshold < 1
+
+    @property
+    def trigger_tokens(self) -> int:
+        """Prompt plus reserved output above this compacts before sending."""
+        return math.floor(self.threshold * self.window)
+
+    @property
+    def target_tokens(self) -> int:
+        return math.floor(self.target * self.window)
+
+
+def over_threshold(limits: Limits, prompt_tokens: int) -> bool:
+    """Whether a request should be compacted before it is sent."""
+    return limits.proactive and prompt_tokens + limits.reserve > limits.trigger_tokens
+
+
+def near_window(limits: Limits, prompt_tokens: int) -> bool:
+    """Whether an unexplained failure (an empty stream) is plausibly an overflow: the prompt is past the target."""
+    return prompt_tokens > limits.target_tokens
+
+
+def next_turn_growth(last_input_tokens: int, answer_tokens: int) -> int:
+    """How much longer the next request will be: this answer, resent, plus one more input like the last one."""
+    return max(0, last_input_tokens) + max(0, answer_tokens)
+
+
+def expected_answer(limits: Limits, last_answer_tokens: int | None) -> int:
+    """The answer this request will get, before it is known: like the last one, never more than the reserve."""
+    if last_answer_tokens is None or last_answer_tokens <= 0:
+        return limits.reserve // 4
+    return min(limits.reserve, last_answer_tokens)
+
+
+@dataclass(frozen=True)
+class Allotment:
+    """How a compacted prompt spends the target, so the next request (one turn longer) still fits it."""
+
+    goal: int                  # prompt tokens the compacted request may use: target - reserve - growth
+    fixed: int                 # what must stay verbatim whatever the budget (head, current round, last user)
+    summary_tokens: int        # the output the summariser is asked for
+    tail_tokens: int           # verbatim turns kept beyond the minimum tail
+    instruction_tokens: int    # earlier user messages kept verbatim
+    growth: int
+
+    @property
+    def attainable(self) -> bool:
+        """Whether the goal can be met at all; when not, the plan keeps as little as the tail allows."""
+        return self.fixed + self.summary_tokens <= self.goal
+
+    def as_log(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def allot(limits: Limits, *, fixed: int, growth: int) -> Allotment:
+    """Share the target between recent turns, earlier user messages and the summary, in that order.
+
+    Recent turns come first (their share of the window is what the operator set), then earlier user messages
+    within theirs; the summary gets the rest, never less than a useful summary and never more than its cap.
+    """
+    goal = limits.target_tokens - limits.reserve - growth
+    room = max(0, goal - fixed)
+    spare = max(0, room - MIN_SUMMARY_TOKENS)
+    tail = min(spare, math.floor(limits.tail_share * limits.window))
+    instructions = min(spare - tail, math.floor(limits.instruction_share * limits.window))
+    summary = min(limits.max_summary_tokens, max(MIN_SUMMARY_TOKENS, room - tail - instructions))
+    return Allotment(goal, fixed, summary, tail, instructions, growth)
+
+
+def summary_ask(allotment: Allotment, span_tokens: int) -> int:
+    """The summary's output cap for a given span: its allotment, and never more than the span compressed."""
+    return max(MIN_SUMMARY_TOKENS, min(allotment.summary_tokens, span_tokens // COMPRESSION))
+
+
+def worth_summarizing(span_tokens: int, ask_tokens: int, filler_tokens: int) -> bool:
+    """Whether replacing `span_tokens` by a summary of up to `ask_tokens` (plus fillers) makes the prompt smaller."""
+    return span_tokens >= ask_tokens + filler_tokens + MIN_GAIN_TOKENS
+
+
+def window_margin(window: int) -> int:
+    return window // WINDOW_MARGIN_SHARE + WINDOW_MARGIN_TOKENS
+
+
+def summarizer_output_room(window: int | None, prompt_tokens: int, max_output: int) -> int | None:
+    """The summariser's output cap once its prompt is in; None when no useful summary fits."""
+    if not window:
+        return max_output
+    room = window - prompt_tokens - window_margin(window)
+    return min(max_output, room) if room >= MIN_SUMMARIZER_OUTPUT else None
+
+
+def summarizer_input_budget(window: int, framing_tokens: int, output_tokens: int) -> int:
+    """Transcript tokens one summariser request may carry: its window less framing, output and margin."""
+    return window - framing_tokens - min(output_tokens, window // 4) - window_margin(window)
+
+
+def elision_cap(limits: Limits, other_tokens: int) -> int:
+    """The most one oversized message may keep so the request fits under the trigger (or the window if off)."""
+    ceiling = limits.trigger_tokens if limits.proactive else limits.window - window_margin(limits.window)
+    return max(MIN_ELIDED_TOKENS, ceiling - limits.reserve - other_tokens)
+
+
+def fits_window(limits: Limits, prompt_tokens: int) -> bool:
+    """Whether a request can be sent at all: prompt and reserved output within the window, with a margin."""
+    return prompt_tokens + limits.reserve <= limits.window - window_margin(limits.window)

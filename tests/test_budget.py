@@ -1,0 +1,136 @@
+"""Table-driven tests of every budget decision, and a property: a plan leaves room for the next turn."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy import budget
+from proxy.budget import MIN_SUMMARY_TOKENS, Limits
+from proxy.plan import plan_compaction
+
+
+def limits(window: int, reserve: int = 1024, **fields: float) -> Limits:
+    return Limits(window=window, threshold=fields.get("threshold", 0.8), target=fields.get("target", 0.5),
+                  reserve=reserve, tail_share=fields.get("tail_share", 0.25),
+                  instruction_share=fields.get("instruction_share", 0.1))
+
+
+@pytest.mark.parametrize(
+    ("window", "reserve", "prompt", "over"),
+    [
+        (4000, 1024, 2176, False),    # 2176 + 1024 = 3200 = 0.8 x 4000: at the trigger, not past it
+        (4000, 1024, 2177, True),
+        (3000, 1024, 1376, False),
+        (3000, 1024, 1377, True),
+        (128000, 4096, 98304, False),
+        (128000, 4096, 98305, True),
+        (8192, 0, 6554, True),
+    ],
+)
+def test_trigger(window: int, reserve: int, prompt: int, over: bool) -> None:
+    assert budget.over_threshold(limits(window, reserve), prompt) is over
+
+
+@pytest.mark.parametrize("threshold", [0.0, 1.0, 1.5])
+def test_no_proactive_trigger_when_threshold_is_off(threshold: float) -> None:
+    assert not budget.over_threshold(limits(4000, threshold=threshold, target=0.5), 10**9)
+
+
+@pytest.mark.parametrize(
+    # What the module decides for a few windows, the fixed part being head + current round (+ latest user).
+    ("window", "reserve", "fixed", "growth", "expected"),
+    [
+        # goal = target - reserve - growth; tail first (its share of the window), then earlier user messages,
+        # then the summary gets the rest (at least 256, at most the summariser's cap of 4096).
+        (4000, 1024, 400, 330, {"goal": 646, "tail_tokens": 0, "instruction_tokens": 0, "summary_tokens": 256}),
+        (3000, 1024, 120, 250, {"goal": 226, "tail_tokens": 0, "instruction_tokens": 0, "summary_tokens": 256}),
+        (3000, 256, 120, 250, {"goal": 994, "tail_tokens": 618, "instruction_tokens": 0, "summary_tokens": 256}),
+        (8192, 1024, 308, 369, {"goal": 2703, "tail_tokens": 2048, "instruction_tokens": 91, "summary_tokens": 256}),
+        (32768, 1024, 2000, 800,
+         {"goal": 14560, "tail_tokens": 8192, "instruction_tokens": 3276, "summary_tokens": 1092}),
+        (128000, 4096, 5000, 2000,
+         {"goal": 57904, "tail_tokens": 32000, "instruction_tokens": 12800, "summary_tokens": 4096}),
+    ],
+)
+def test_allotment_for_a_few_windows(window: int, reserve: int, fixed: int, growth: int,
+                                     expected: dict[str, int]) -> None:
+    allotment = budget.allot(limits(window, reserve), fixed=fixed, growth=growth)
+    assert {key: getattr(allotment, key) for key in expected} == expected
+    assert allotment.attainable == (fixed + allotment.summary_tokens <= allotment.goal)
+
+
+@pytest.mark.parametrize(
+    ("span", "allotted", "ask"),
+    [(100, 1000, MIN_SUMMARY_TOKENS), (1000, 4096, 500), (10_000, 1200, 1200), (10_000, 100, MIN_SUMMARY_TOKENS)],
+)
+def test_summary_ask_compresses_at_least_twice(span: int, allotted: int, ask: int) -> None:
+    allotment = budget.Allotment(goal=0, fixed=0, summary_tokens=allotted, tail_tokens=0, instruction_tokens=0,
+                                 growth=0)
+    assert budget.summary_ask(allotment, span) == ask
+
+
+@pytest.mark.parametrize(
+    ("span", "ask", "fillers", "worth"),
+    [(1000, 256, 40, True), (360, 256, 40, True), (359, 256, 40, False), (0, 256, 0, False)],
+)
+def test_worth_summarizing(span: int, ask: int, fillers: int, worth: bool) -> None:
+    assert budget.worth_summarizing(span, ask, fillers) is worth
+
+
+@pytest.mark.parametrize(
+    ("window", "prompt", "max_output", "room"),
+    [(None, 10**6, 4096, 4096), (4000, 1000, 4096, 2784), (4000, 3600, 4096, 184), (4000, 3700, 4096, None), (4000, 3656, 512, 128),
+     (4000, 3657, 512, None), (2048, 500, 300, 300)],
+)
+def test_summarizer_output_room(window: int | None, prompt: int, max_output: int, room: int | None) -> None:
+    assert budget.summarizer_output_room(window, prompt, max_output) == room
+
+
+@pytest.mark.parametrize(
+    ("last_answer", "reserve", "expected"), [(None, 1024, 256), (0, 1024, 256), (300, 1024, 300), (5000, 1024, 1024)],
+)
+def test_expected_answer(last_answer: int | None, reserve: int, expected: int) -> None:
+    assert budget.expected_answer(limits(4000, reserve), last_answer) == expected
+
+
+def test_elision_cap_fits_the_request_under_the_trigger() -> None:
+    assert budget.elision_cap(limits(4000), 1000) == 3200 - 1024 - 1000
+    assert budget.elision_cap(limits(4000), 3000) == budget.MIN_ELIDED_TOKENS
+    assert budget.elision_cap(limits(4000, threshold=0), 1000) == 4000 - budget.window_margin(4000) - 1024 - 1000
+
+
+def _history(rounds: list[tuple[str, int]]) -> list[dict[str, object]]:
+    messages: list[dict[str, object]] = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
+    for index, (kind, size) in enumerate(rounds):
+        if kind == "tool":
+            messages.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{index}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]})
+            messages.append({"role": "tool", "tool_call_id": f"c{index}", "content": "x" * size})
+        else:
+            messages += [{"role": "assistant", "content": "a" * size}, {"role": "user", "content": "u" * size}]
+    return messages
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rounds=st.lists(st.tuples(st.sampled_from(["tool", "chat"]), st.integers(1, 400)), min_size=2, max_size=60),
+    window=st.sampled_from([2048, 3000, 4000, 8192, 32768]),
+    reserve=st.sampled_from([0, 128, 256, 1024]),
+)
+def test_a_plan_leaves_the_next_turn_within_the_target(rounds: list[tuple[str, int]], window: int,
+                                                        reserve: int) -> None:
+    """Whatever the history: kept messages + the summary at its cap + the predicted next turn + the reserve fit
+    target x window whenever the allotment says the goal is attainable; otherwise the tail is the minimum."""
+    messages = _history(rounds)
+    plan = plan_compaction(messages, lambda m: 4 + len(str(m.get("content") or "")), limits(window, reserve))
+    if plan is None:
+        return
+    allotment = plan.allotment
+    next_request = plan.kept_tokens + plan.summary_tokens + allotment.growth
+    if allotment.attainable:
+        assert next_request + reserve <= 0.5 * window
+    else:
+        # No turn beyond the current round (and the latest user message, kept either way) was added.
+        assert plan.head_tokens + plan.kept_user_tokens + plan.tail_tokens <= allotment.fixed
