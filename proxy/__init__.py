@@ -31,7 +31,25 @@ _EXPORTS = {
     "summary_text": "proxy.summary",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Calibration",
+    "ChatModel",
+    "FileNote",
+    "StructuredSummary",
+    "SummarizerError",
+    "SummarizerOverflow",
+    "Summary",
+    "SummaryTruncated",
+    "Templates",
+    "TokenCounter",
+    "code_fence",
+    "context_limit_from_error",
+    "detect_context_overflow",
+    "format_message_for_compacting",
+    "format_transcript",
+    "summarize",
+    "summary_text",
+]
 
 if TYPE_CHECKING:
     from proxy.fence import code_fence

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from proxy import handlers
 from proxy.appkeys import METRICS, PIPELINE, SETTINGS, STORE, UPSTREAM
@@ -15,9 +16,9 @@ from proxy.config import Settings
 from proxy.discovery import WindowSource
 from proxy.metrics import Metrics
 from proxy.middleware import openai_errors, require_proxy_key
+from proxy.model_client import ModelClient
 from proxy.pipeline import ChatPipeline
 from proxy.store import open_store
-from proxy.model_client import ModelClient
 from proxy.templates import Templates
 from proxy.tokens import Calibration, TokenCounter
 from proxy.upstream import Upstream, create_session
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings) -> web.Application:
-    middlewares = [openai_errors]
+    middlewares: list[Middleware] = [openai_errors]
     if settings.server.api_keys:
         middlewares.append(require_proxy_key([key.get_secret_value() for key in settings.server.api_keys]))
     app = web.Application(client_max_size=settings.server.max_body_bytes, middlewares=middlewares)

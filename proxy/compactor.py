@@ -21,7 +21,7 @@ from proxy.metrics import Metrics
 from proxy.plan import Plan, apply_replacement, plan_compaction, replacement
 from proxy.single_flight import SingleFlight
 from proxy.store import CompactedPrefix, SummaryStore
-from proxy.summarizer import ChatModel, Summary, SummarizerError, summarize
+from proxy.summarizer import ChatModel, SummarizerError, Summary, summarize
 from proxy.templates import Templates
 from proxy.tokens import Calibration, TokenCounter
 

@@ -176,9 +176,10 @@ async def discover_windows(source: WindowSource, headers: Mapping[str, str], *,
     await asyncio.gather(*pending, return_exceptions=True)
     models, model_info, props = (_result(task) if task in done else None for task in tasks)
     found = combine(models, model_info, props)
-    log.log(logging.INFO if found else logging.DEBUG, "window discovery at %s: %d model windows%s%s", source.base_url, len(found.by_model),
-             f", server window {found.served}" if found.served is not None else "",
-             f" ({len(pending)} endpoints timed out)" if pending else "")
+    log.log(logging.INFO if found else logging.DEBUG, "window discovery at %s: %d model windows%s%s",
+            source.base_url, len(found.by_model),
+            f", server window {found.served}" if found.served is not None else "",
+            f" ({len(pending)} endpoints timed out)" if pending else "")
     return found
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.appkeys import METRICS, PIPELINE, SETTINGS, STORE, UPSTREAM
-from proxy.metrics import CONTENT_TYPE
 from proxy.chat_request import ChatCall
+from proxy.metrics import CONTENT_TYPE
 from proxy.pipeline import Answer
 from proxy.relay import relay
 from proxy.upstream import UpstreamRequest

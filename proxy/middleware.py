@@ -7,6 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized, openai_error_body
 from proxy.fingerprint import HASH_ERRORS, presented_key
@@ -52,7 +53,7 @@ def _error_response(request: web.Request, error: Exception) -> web.StreamRespons
     return web.json_response(body, status=500)
 
 
-def require_proxy_key(accepted: Sequence[str]) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def require_proxy_key(accepted: Sequence[str]) -> Middleware:
     """Only clients holding one of the configured keys may use the proxy (probes stay open)."""
     encoded = [key.encode() for key in accepted]
 

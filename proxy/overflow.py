@@ -258,7 +258,7 @@ def _success_verdict(text: str) -> bool:
                 return True
         return False
     frame = _EVENT_STREAM_KIND.search(text)
-    if frame is None or frame.group(1) and frame.group(1).lower() == "event":
+    if frame is None or (frame.group(1) and frame.group(1).lower() == "event"):
         return False
     return _findings_of_text(text[frame.end():]).says_overflow()
 

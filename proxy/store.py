@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -257,7 +258,7 @@ class SqliteStore:
 
         for end in range(len(chain), 0, -_SQLITE_CHUNK):
             hashes = chain[max(0, end - _SQLITE_CHUNK) : end]
-            texts = await self._run(lambda connection, hashes=hashes: select(connection, hashes))
+            texts = await self._run(functools.partial(select, hashes=hashes))
             decoded = (self._decode(text) for text in texts)
             best = _longest_verified((record for record in decoded if record is not None), chain)
             if best is not None:

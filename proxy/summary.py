@@ -122,7 +122,7 @@ def summary_text(reply: str, templates: Templates | None = None) -> str:
     try:
         rendered = summary.render(templates=templates)
     # An override template is operator code and may raise anything; the raw reply loses nothing.
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - operator template code; the raw reply loses nothing
         log.warning("summary template failed (%s); using the raw summariser reply", type(error).__name__)
         return reply
     return rendered if rendered.strip() else reply

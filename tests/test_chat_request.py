@@ -238,56 +238,72 @@ async def test_escaped_emoji_pass_byte_for_byte(fake: FakeUpstream, proxy: Runni
 
 # --- property: random bodies through a real proxy ---------------------------------------------------------
 
-def _string_literal() -> st.SearchStrategy[str]:
-    pieces = st.one_of(st.text(max_size=8).map(lambda text: json.dumps(text, ensure_ascii=False)[1:-1]),
-                       ESCAPE_PIECES, st.sampled_from(["\\", '"', "\x00", "\\x"]))
-    return st.lists(pieces, max_size=5).map(lambda parts: '"' + "".join(parts) + '"')
-
-
+# Raw JSON text, built piece by piece so it can hold what json.dumps never writes: lone surrogate escapes,
+# duplicate keys, NaN, huge numbers, 3000 levels of nesting, and plain garbage. Valid shapes are drawn more
+# often than hostile ones, so the compaction path (and its token counting and hashing) sees many of them.
+VALID_STRING = st.tuples(st.text(max_size=12), st.booleans()).map(
+    lambda spec: json.dumps(spec[0], ensure_ascii=spec[1]))  # ensure_ascii spells emoji as surrogate pairs
+ESCAPED_STRING = st.lists(st.one_of(VALID_STRING.map(lambda text: text[1:-1]), ESCAPE_PIECES), max_size=5).map(
+    lambda parts: '"' + "".join(parts) + '"')  # valid JSON, but it may decode to a lone surrogate
+STRING = st.one_of(VALID_STRING, VALID_STRING, VALID_STRING, VALID_STRING, ESCAPED_STRING)
 SCALARS = st.one_of(
     st.sampled_from(["null", "true", "false", "0", "-0", "1e999", "-1e400", "NaN", "Infinity", "1.5", "01", "1.",
                      str(2 ** 70), "-" + str(2 ** 64)]),
-    st.integers().map(str), st.floats(allow_nan=False, allow_infinity=False).map(repr), _string_literal())
+    st.integers().map(str), st.floats(allow_nan=False, allow_infinity=False).map(repr), STRING, STRING)
 
 
 def _containers(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
     arrays = st.lists(children, max_size=4).map(lambda items: "[" + ",".join(items) + "]")
-    keys = st.one_of(_string_literal(), st.sampled_from(['"role"', '"content"', '"type"', '"text"', '"a"']))
+    keys = st.one_of(STRING, st.sampled_from(['"role"', '"content"', '"type"', '"text"', '"a"']))
     objects = st.lists(st.tuples(keys, children), max_size=4).map(
         lambda pairs: "{" + ",".join(f"{key}:{value}" for key, value in pairs) + "}")
     return st.one_of(arrays, objects)
 
 
+def _object(*fields: st.SearchStrategy[tuple[str, str]]) -> st.SearchStrategy[str]:
+    return st.tuples(*fields).map(lambda pairs: "{" + ",".join(f"{key}:{value}" for key, value in pairs) + "}")
+
+
 JSON_TEXT = st.recursive(SCALARS, _containers, max_leaves=12)
-DEEP = st.tuples(st.integers(1, 3000), JSON_TEXT, st.booleans()).map(
+DEEP = st.tuples(st.one_of(st.integers(1, 200), st.integers(1, 3000)), JSON_TEXT,
+                 st.sampled_from([True, True, True, False])).map(
     lambda spec: nested(spec[0], spec[1]) if spec[2] else "[" * spec[0] + spec[1])
-ROLES = st.sampled_from(['"user"', '"assistant"', '"system"', '"tool"', '"developer"', '"x"', "1", "null"])
-CONTENT = st.one_of(_string_literal(), JSON_TEXT, DEEP,
-                    st.lists(st.sampled_from(['{"type":"text","text":"hi"}', '{"type":"image_url","image_url":5}',
-                                              '{"type":5}', "5", "[]"]), max_size=3).map(
-                        lambda parts: "[" + ",".join(parts) + "]"))
+ANY_VALUE = JSON_TEXT
+ROLE = st.one_of(st.sampled_from(['"user"', '"assistant"', '"system"', '"tool"', '"developer"']), ANY_VALUE)
+PART = st.one_of(
+    _object(st.just(('"type"', '"text"')), st.tuples(st.just('"text"'), STRING)),
+    _object(st.just(('"type"', '"image_url"')), st.tuples(st.just('"image_url"'), ANY_VALUE)),
+    ANY_VALUE)
+CONTENT = st.one_of(STRING, STRING, st.lists(PART, max_size=3).map(lambda parts: "[" + ",".join(parts) + "]"),
+                    ANY_VALUE, DEEP)
+TOOL_CALL = _object(st.tuples(st.just('"id"'), STRING), st.just(('"type"', '"function"')),
+                    st.tuples(st.just('"function"'), _object(st.tuples(st.just('"name"'), STRING),
+                                                             st.tuples(st.just('"arguments"'), ANY_VALUE))))
 MESSAGE = st.one_of(
-    st.tuples(ROLES, CONTENT).map(lambda pair: '{"role":' + pair[0] + ',"content":' + pair[1] + "}"),
-    st.tuples(ROLES, CONTENT, JSON_TEXT).map(
-        lambda spec: '{"role":' + spec[0] + ',"content":' + spec[1] + ',"tool_calls":' + spec[2]
-        + ',"role":"user"}'),
-    JSON_TEXT)
-MESSAGES = st.one_of(st.lists(MESSAGE, max_size=4).map(lambda items: "[" + ",".join(items) + "]"), JSON_TEXT)
-FIELD = st.one_of(
-    st.tuples(st.just('"model"'), st.one_of(st.just('"fake-small"'), JSON_TEXT)),
-    st.tuples(st.just('"messages"'), MESSAGES),
-    st.tuples(st.just('"stream"'), st.one_of(st.sampled_from(["true", "false", '"true"', "1"]), JSON_TEXT)),
+    _object(st.tuples(st.just('"role"'), ROLE), st.tuples(st.just('"content"'), CONTENT)),
+    _object(st.tuples(st.just('"role"'), ROLE), st.tuples(st.just('"content"'), CONTENT),
+            st.tuples(st.just('"tool_calls"'), st.lists(TOOL_CALL, max_size=2).map(lambda c: "[" + ",".join(c) + "]")),
+            st.just(('"role"', '"assistant"'))),  # a duplicate key: the last one wins
+    _object(st.tuples(st.just('"role"'), ROLE), st.tuples(st.just('"tool_call_id"'), STRING),
+            st.tuples(st.just('"content"'), CONTENT)),
+    ANY_VALUE)
+MESSAGES = st.one_of(st.lists(MESSAGE, min_size=1, max_size=6).map(lambda items: "[" + ",".join(items) + "]"),
+                     st.lists(MESSAGE, max_size=6).map(lambda items: "[" + ",".join(items) + "]"), ANY_VALUE)
+EXTRA_FIELD = st.one_of(
+    st.tuples(st.just('"stream"'), st.one_of(st.sampled_from(["true", "false", '"true"', "1"]), ANY_VALUE)),
     st.tuples(st.sampled_from(['"max_tokens"', '"max_completion_tokens"', '"stream_options"', '"tools"',
-                               '"functions"', '"n"', '"truncation"']), JSON_TEXT),
-    st.tuples(_string_literal(), st.one_of(JSON_TEXT, DEEP)))
-CHAT_BODY = st.lists(FIELD, max_size=6).map(
-    lambda fields: "{" + ",".join(f"{key}:{value}" for key, value in fields) + "}")
+                               '"functions"', '"n"', '"truncation"', '"model"', '"messages"']), ANY_VALUE),
+    st.tuples(STRING, ANY_VALUE), st.tuples(STRING, DEEP))
+CHAT_BODY = st.tuples(st.one_of(st.just('"fake-small"'), st.just('"gpt-4o"'), ANY_VALUE), MESSAGES,
+                      st.lists(EXTRA_FIELD, max_size=4)).map(
+    lambda spec: "{" + ",".join([f'"model":{spec[0]}', f'"messages":{spec[1]}']
+                                + [f"{key}:{value}" for key, value in spec[2]]) + "}")
 BODY = st.one_of(
-    CHAT_BODY.map(lambda text: text.encode()),
+    CHAT_BODY.map(lambda text: text.encode()), CHAT_BODY.map(lambda text: text.encode()),
     CHAT_BODY.map(lambda text: text.encode()).flatmap(
         lambda body: st.tuples(st.just(body), st.integers(0, len(body)), st.binary(max_size=4)).map(
             lambda cut: cut[0][: cut[1]] + cut[2] + cut[0][cut[1]:])),
-    JSON_TEXT.map(lambda text: text.encode()), DEEP.map(lambda text: text.encode()),
+    ANY_VALUE.map(lambda text: text.encode()),
     st.binary(max_size=64), st.sampled_from([b"", b"\xed\xa0\x80", b'"\xed\xa0\x80"', b"\xef\xbb\xbf{}"]))
 MODE = st.sampled_from([None, "auto", "off", "force", "bogus"])
 
@@ -312,6 +328,7 @@ async def fixed_answer(request: web.Request, state: FakeUpstream) -> web.StreamR
 def assert_openai_error(status: int, body: bytes) -> None:
     assert 400 <= status < 500, (status, body[:300])
     error = json.loads(body)["error"]
+    event(f"error: {re.sub(r'[0-9]+', 'N', error['message'])[:45]}")
     assert set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)
 
 
