@@ -51,9 +51,10 @@ async def _upstream_and_pipeline(app: web.Application) -> AsyncIterator[None]:
     counter = TokenCounter()
     store = open_store(settings.store)
     async with create_session(settings.upstream) as session:
-        upstream = Upstream(session, settings.upstream)
+        count_error = app[METRICS].upstream_errors_counter()
+        upstream = Upstream(session, settings.upstream, count_error)
         summarizer_config = settings.compaction.summarizer
-        summarizer_upstream = Upstream(session, summarizer_config.upstream) if summarizer_config.upstream \
+        summarizer_upstream = Upstream(session, summarizer_config.upstream, count_error) if summarizer_config.upstream \
             else upstream
         windows = ContextWindows(settings, {"chat": WindowSource.of(session, upstream),
                                             "summarizer": WindowSource.of(session, summarizer_upstream)})

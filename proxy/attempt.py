@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +11,6 @@ from typing import Any
 import aiohttp
 from multidict import CIMultiDict
 
-from proxy.errors import UpstreamTimeout, UpstreamUnreachable
 from proxy.overflow import detect_context_overflow
 from proxy.streaming import SseDecoder, is_content_event, is_error_event, usage_of
 from proxy.upstream import Upstream, UpstreamRequest, response_headers
@@ -52,24 +51,24 @@ async def send(upstream: Upstream, stack: AsyncExitStack, *, query: str, headers
     request = UpstreamRequest("POST", "/chat/completions", query, headers, body)
     response = await stack.enter_async_context(upstream.open(request))
     if 200 <= response.status < 300 and response.content_type == "text/event-stream":
-        return await _probe_stream(response)
+        return await _probe_stream(upstream, response)
     payload = await upstream.read_body(response)
     return Attempt(response.status, response_headers(response.headers, decoded=True), body=payload,
                    overflow=detect_context_overflow(response.status, payload))
 
 
-async def _probe_stream(response: aiohttp.ClientResponse) -> Attempt:
+async def _probe_stream(upstream: Upstream, response: aiohttp.ClientResponse) -> Attempt:
     """Hold events back until the first content (a live stream) or an error / the end (a buffered answer)."""
     headers = response_headers(response.headers, decoded=True)
     decoder = SseDecoder()
     head = b""
     seen_event = False
-    async for chunk in _chunks(response):
+    async for chunk in upstream.chunks(response):
         head += chunk
         for event in decoder.feed(chunk):
             seen_event = True
             if is_error_event(event):
-                rest = await _read_rest(response)
+                rest = await _read_rest(upstream, response)
                 whole = head + rest
                 return Attempt(200, headers, body=whole, overflow=detect_context_overflow(200, whole))
             if is_content_event(event):
@@ -79,20 +78,9 @@ async def _probe_stream(response: aiohttp.ClientResponse) -> Attempt:
                    empty_stream=not seen_event)
 
 
-async def _chunks(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The body as it arrives; nothing has reached the client yet, so failures can still be proper errors."""
-    try:
-        async for chunk in response.content.iter_any():
-            yield chunk
-    except (TimeoutError, aiohttp.ServerTimeoutError) as error:
-        raise UpstreamTimeout("the upstream went silent before its answer started") from error
-    except aiohttp.ClientError as error:
-        raise UpstreamUnreachable(f"the upstream connection failed ({type(error).__name__})") from error
-
-
-async def _read_rest(response: aiohttp.ClientResponse) -> bytes:
+async def _read_rest(upstream: Upstream, response: aiohttp.ClientResponse) -> bytes:
     rest = b""
-    async for chunk in _chunks(response):
+    async for chunk in upstream.chunks(response):
         rest += chunk
         if len(rest) > MAX_ERROR_TAIL:
             break

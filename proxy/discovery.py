@@ -136,10 +136,12 @@ class WindowSource:
 
     @classmethod
     def of(cls, session: aiohttp.ClientSession, upstream: Upstream) -> WindowSource:
+        # Clients of their own: a discovery that finds nothing is not an upstream failure to count.
+        api = Upstream(session, upstream.config)
         root = api_root(upstream.config.base_url)
         if root == upstream.config.base_url:
-            return cls(upstream, upstream)
-        return cls(upstream, Upstream(session, upstream.config.model_copy(update={"base_url": root})))
+            return cls(api, api)
+        return cls(api, Upstream(session, upstream.config.model_copy(update={"base_url": root})))
 
     @property
     def base_url(self) -> str:

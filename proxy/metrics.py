@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -33,6 +35,10 @@ class Metrics:
         self.upstream_errors = Counter(
             "compaction_proxy_upstream_errors", "Requests the upstream could not answer", ["kind"],
             registry=self.registry)
+
+    def upstream_errors_counter(self) -> Callable[[str], None]:
+        """A callback for the upstream client: one failure of a kind ("timeout", "unreachable") counted."""
+        return lambda kind: self.upstream_errors.labels(kind).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

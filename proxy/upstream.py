@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -12,7 +12,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.config import UpstreamConfig
-from proxy.errors import UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,10 @@ class UpstreamRequest:
 class Upstream:
     """Sends requests to one base URL over a shared session; maps failures to proxy errors."""
 
-    def __init__(self, session: aiohttp.ClientSession, config: UpstreamConfig) -> None:
+    def __init__(self, session: aiohttp.ClientSession, config: UpstreamConfig,
+                 on_error: Callable[[str], None] | None = None) -> None:
         self._session = session
+        self._on_error = on_error
         self.config = config
         self._api_key = config.api_key.get_secret_value() if config.api_key else None
         self._timeout = aiohttp.ClientTimeout(
@@ -91,16 +93,23 @@ class Upstream:
         text = self.config.base_url + path + (f"?{query}" if query else "")
         return URL(text, encoded=True)
 
+    def translate(self, error: BaseException, stage: str) -> ProxyError:
+        """The one place where a transport failure becomes a proxy error (and is counted)."""
+        timed_out = isinstance(error, TimeoutError | aiohttp.ServerTimeoutError)
+        if self._on_error is not None:
+            self._on_error("timeout" if timed_out else "unreachable")
+        if timed_out:
+            return UpstreamTimeout(f"the upstream went silent {stage} (idle timeout {self.config.idle_timeout:g}s)")
+        log.warning("upstream %s failed %s: %s", self.config.base_url, stage, type(error).__name__)
+        return UpstreamUnreachable(f"the upstream connection failed {stage} ({type(error).__name__})")
+
     @asynccontextmanager
     async def open(self, request: UpstreamRequest) -> AsyncIterator[aiohttp.ClientResponse]:
         """The upstream response with headers read; the connection is closed if the caller leaves early."""
         try:
             response = await self._request(request)
-        except (TimeoutError, aiohttp.ServerTimeoutError) as error:
-            raise UpstreamTimeout(f"the upstream did not answer within {self.config.idle_timeout:g}s") from error
-        except aiohttp.ClientError as error:
-            log.warning("upstream %s unreachable: %s", self.config.base_url, type(error).__name__)
-            raise UpstreamUnreachable(f"the upstream could not be reached ({type(error).__name__})") from error
+        except (TimeoutError, aiohttp.ClientError) as error:
+            raise self.translate(error, "before answering") from error
         try:
             yield response
         finally:
@@ -128,10 +137,16 @@ class Upstream:
         """The whole body of a response, with idle timeouts and resets as proxy errors."""
         try:
             return await response.read()
-        except (TimeoutError, aiohttp.ServerTimeoutError) as error:
-            raise UpstreamTimeout("the upstream went silent while sending its answer") from error
-        except aiohttp.ClientError as error:
-            raise UpstreamUnreachable(f"the upstream connection failed ({type(error).__name__})") from error
+        except (TimeoutError, aiohttp.ClientError) as error:
+            raise self.translate(error, "while sending its answer") from error
+
+    async def chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        """The body as it arrives, with idle timeouts and resets as proxy errors."""
+        try:
+            async for chunk in response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError) as error:
+            raise self.translate(error, "while sending its answer") from error
 
 
 def create_session(config: UpstreamConfig) -> aiohttp.ClientSession:

@@ -8,7 +8,17 @@ from typing import Any
 
 import pytest
 
-from proxy.streaming import SseDecoder, SseEvent, decode_all, is_content_event, is_error_event, looks_like_sse
+from proxy.streaming import (
+    SseDecoder,
+    SseEvent,
+    UsageTap,
+    decode_all,
+    finish_reasons,
+    is_content_event,
+    is_error_event,
+    is_usage_only_chunk,
+    looks_like_sse,
+)
 
 Fields = tuple[tuple[str, str], ...]
 
@@ -188,3 +198,49 @@ def test_classification(event: SseEvent, content: bool, error: bool) -> None:
 ])
 def test_looks_like_sse(body: bytes | str, expected: bool) -> None:
     assert looks_like_sse(body) is expected
+
+
+# --- UsageTap: total on anything an upstream sends ---------------------------------------------------
+
+HOSTILE_CHUNKS = [
+    b'data: {"choices": 5}\n\n',
+    b'data: {"choices": "abc"}\n\n',
+    b'data: {"choices": [5, null, "x", []]}\n\n',
+    b'data: {"choices": {"finish_reason": "stop"}}\n\n',
+    b'data: {"choices": [{"finish_reason": {"a": [1]}}, {"finish_reason": 7}]}\n\n',
+    b'data: {"choices": [], "usage": 5}\n\n',
+    b'data: {"choices": [], "usage": [1, 2]}\n\n',
+    b'data: {"usage": {"prompt_tokens": "x"}}\n\n',
+    b"data: " + b"[" * 5000 + b"]" * 5000 + b"\n\n",
+    b'data: {"type": ' + b"[" * 900 + b"]" * 900 + b', "choices": [{"finish_reason": ' + b"[" * 900 + b"]" * 900
+    + b"}]}\n\n",
+    b'data: {"choices": [{"delta": {"content": "\\ud800"}, "finish_reason": "\\udc00"}]}\n\n',
+    b"data: {nope\n\n",
+    b"data: \xff\xfe\n\n",
+    b"data: 5\n\n",
+    b"data: null\n\n",
+]
+
+
+@pytest.mark.parametrize("hide", [False, True], ids=["pass through", "hide usage"])
+@pytest.mark.parametrize("hostile", HOSTILE_CHUNKS, ids=[chunk[:40].decode(errors="replace") for chunk in HOSTILE_CHUNKS])
+def test_usage_tap_never_raises(hostile: bytes, hide: bool) -> None:
+    tap = UsageTap(hide_usage_chunk=hide)
+    good = b'data: {"choices": [{"delta": {"content": "hi"}, "finish_reason": null}]}\n\n'
+    out = tap.feed(good) + tap.feed(hostile) + tap.feed(b'data: {"choices": [{"finish_reason": "stop"}]}\n\n')
+    out += tap.finish()
+    hidden = hide and is_usage_only_chunk(decode_all(hostile)[0].json())
+    assert (hostile in out) is not hidden  # hostile events are data: passed on, bytes unchanged
+    assert tap.finish_reasons[-1] == "stop" and all(isinstance(reason, str) for reason in tap.finish_reasons)
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_CHUNKS, ids=[chunk[:40].decode(errors="replace") for chunk in HOSTILE_CHUNKS])
+def test_classification_never_raises(hostile: bytes) -> None:
+    [event] = decode_all(hostile)
+    assert is_content_event(event) in (True, False) and is_error_event(event) in (True, False)
+
+
+def test_finish_reasons_of_malformed_chunks() -> None:
+    assert finish_reasons({"choices": [{"finish_reason": "stop"}, {"finish_reason": ""}, 5, {"finish_reason": 1}]}) \
+        == ["stop"]
+    assert finish_reasons({"choices": 5}) == finish_reasons([1]) == finish_reasons(None) == []

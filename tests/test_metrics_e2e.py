@@ -1,0 +1,49 @@
+"""Metrics count what really happened: failed summaries keep their cost, upstream failures are counted."""
+
+from __future__ import annotations
+
+import re
+
+import aiohttp
+import openai
+import pytest
+
+from tests.conftest import ProxyFactory
+from tests.fakes.openai_upstream import FakeUpstream
+from tests.fakes.windowed import WindowedModel
+from tests.sdk import async_client
+from tests.test_compaction_e2e import big_history, compaction_config
+
+
+async def scrape(url: str) -> dict[str, float]:
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as response:
+        text = await response.text()
+    return {name: float(value) for name, value in re.findall(r"^(compaction_proxy_\S+) ([\d.e+]+)$", text, re.M)}
+
+
+async def test_a_failed_summary_keeps_its_calls_and_tokens(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    model = WindowedModel(window=8192, summary_cut_above=0)  # every summary is cut off by its limit
+    fake.chat_hook = model
+    proxy = await make_proxy(compaction_config(threshold=0))
+    with pytest.raises(openai.BadRequestError) as caught:
+        await async_client(proxy.url).chat.completions.create(model="fake-small", messages=big_history(30))
+    assert caught.value.response.headers["x-compaction"] == "failed"
+    metrics = await scrape(proxy.url)
+    # Every call is counted, those the proxy refused to send for lack of room included.
+    assert metrics['compaction_proxy_summarizer_calls_total{result="error"}'] >= len(model.summarizer_calls) >= 1
+    # The cut-off reply was billed: its prompt tokens are counted although no summary came of it.
+    assert metrics['compaction_proxy_summarizer_tokens_total{kind="prompt"}'] >= \
+        min(r.prompt_tokens for r in model.summarizer_calls) > 0
+    assert metrics['compaction_proxy_compaction_failures_total{error="SummaryTruncated",trigger="reactive"}'] == 1
+
+
+async def test_upstream_failures_are_counted(make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy({"upstream": {"base_url": "http://127.0.0.1:9/v1", "connect_timeout": 1}})
+    client = async_client(proxy.url)
+    for _ in range(2):
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.InternalServerError):
+        await client.models.list()
+    metrics = await scrape(proxy.url)
+    assert metrics['compaction_proxy_upstream_errors_total{kind="unreachable"}'] == 3
