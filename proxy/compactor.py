@@ -204,8 +204,10 @@ class Compactor:
     async def _summarise(self, job: _Job) -> CompactedPrefix:
         started = time.monotonic()
         try:
+            config = self._settings.compaction.summarizer
             summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens),
-                                      list(job.plan.to_summarise), self._templates, counter=self._counter)
+                                      list(job.plan.to_summarise), self._templates, counter=self._counter,
+                                      max_calls=config.max_calls, deadline=config.timeout)
         except SummarizerError as error:
             self._backoff.failed(job.backoff_key)
             self._account_failure(job, error, time.monotonic() - started)

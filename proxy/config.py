@@ -77,7 +77,10 @@ class SummarizerConfig(_Frozen):
     output_limit_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
     # None sends no temperature (some models accept only their default); 0 makes summaries repeatable.
     temperature: float | None = Field(None, ge=0, le=2)
+    # A deadline for the whole summary (every call of it), not for one call.
     timeout: float = Field(180.0, gt=0)
+    # Calls one summary may make (the tool-result ladder, chunks and merges together).
+    max_calls: int = Field(16, ge=1)
 
 
 class CompactionConfig(_Frozen):

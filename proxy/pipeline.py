@@ -105,12 +105,9 @@ class ChatPipeline:
 
     async def _journey(self, call: ChatCall, stack: AsyncExitStack) -> Answer:
         assert call.messages is not None
-        if len(call.body) > LARGE_BODY_BYTES:
-            # Tokenising a large history is CPU work: done off the event loop, it fills the per-message cache
-            # that every estimate below reads.
-            await asyncio.to_thread(self._counter.count_request, call.payload)
         namespace = namespace_for(call.headers, self._settings.server.tenant_header)
-        conversation = await self._compactor.reuse(call.messages, hash_chain(call.messages, namespace), namespace)
+        chain = await self._fingerprint(call, namespace)
+        conversation = await self._compactor.reuse(call.messages, chain, namespace)
         # Windows the upstream states are looked up before planning (once per upstream, then cached), so the
         # summariser client built later, background ones included, knows its window without waiting.
         await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
@@ -123,6 +120,19 @@ class ChatPipeline:
             attempt = await self._react(journey, attempt, stack)
         return self._finish(call, attempt, self._headers(journey), hide_usage=self._inject_usage(call),
                             journey=journey)
+
+    async def _fingerprint(self, call: ChatCall, namespace: str) -> list[str]:
+        """The history's hash chain. On a large history, hashing and tokenising are CPU work: done together off
+        the event loop, they also fill the per-message token cache that every estimate below reads."""
+        assert call.messages is not None
+        if len(call.body) <= LARGE_BODY_BYTES:
+            return hash_chain(call.messages, namespace)
+
+        def work() -> list[str]:
+            self._counter.count_request(call.payload)
+            return hash_chain(call.messages or [], namespace)
+
+        return await asyncio.to_thread(work)
 
     async def _react(self, journey: Journey, first: Attempt, stack: AsyncExitStack) -> Attempt:
         """Compact and retry exactly once; the first answer stands if that does not produce a better one."""

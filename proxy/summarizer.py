@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from proxy.transcript import format_message_for_compacting, format_transcript
 
 Item = TypeVar("Item")
 
+NO_CALL_LIMIT = 0  # the library default; the proxy passes `compaction.summarizer.max_calls`
 REMOVAL_LADDER = (10, 20, 50, 100)  # percent of the tool results left out, rung by rung
 # The call that produced a removed result stays in the transcript: its arguments (paths, commands) are short
 # and tell what was attempted, and the marker keeps the model from reading the gap as an empty result.
@@ -62,14 +64,24 @@ class Summary:
 
 
 async def summarize(model: ChatModel, messages: Sequence[Any], templates: Templates | None = None, *,
-                    counter: TokenCounter | None = None) -> Summary:
-    """Summarise `messages` into one user-role message, shrinking or splitting the work when it overflows."""
+                    counter: TokenCounter | None = None, max_calls: int = NO_CALL_LIMIT,
+                    deadline: float | None = None) -> Summary:
+    """Summarise `messages` into one user-role message, shrinking or splitting the work when it overflows.
+
+    At most `max_calls` requests are sent, and the whole summary (every call) must be done within `deadline`
+    seconds: a hostile history cannot buy an unbounded number of summariser calls or minutes.
+    """
     history = list(messages)
     if not history:
         raise SummarizerError("there are no messages to summarise")
-    run = _Run(model, templates or default_templates(), counter)
+    run = _Run(model, templates or default_templates(), counter, max_calls)
     try:
-        strategy, reply = await _summarize_history(run, history)
+        async with asyncio.timeout(deadline):
+            strategy, reply = await _summarize_history(run, history)
+    except TimeoutError:
+        error = SummarizerError(f"the summary took longer than its deadline of {deadline:g}s")
+        error.usage, error.calls = dict(run.usage), run.calls
+        raise error from None
     except SummarizerError as error:
         error.usage, error.calls = dict(run.usage), run.calls
         raise
@@ -118,10 +130,12 @@ def _default_counter() -> TokenCounter:
 class _Run:
     """One summarize() call: the model, what it has cost so far, and the single request shape it sends."""
 
-    def __init__(self, model: ChatModel, templates: Templates, counter: TokenCounter | None) -> None:
+    def __init__(self, model: ChatModel, templates: Templates, counter: TokenCounter | None,
+                 max_calls: int = 0) -> None:
         self.model = model
         self.templates = templates
         self._counter = counter
+        self._max_calls = max_calls
         self.calls = 0
         self.usage = dict.fromkeys(USAGE_KEYS, 0)
 
@@ -136,6 +150,8 @@ class _Run:
         """One summariser request (no tools); the reply text once it is accepted as a summary."""
         system = self.templates.compaction_prompt(transcript)
         messages: list[Message] = [{"role": "user", "content": instruction}]
+        if self._max_calls and self.calls >= self._max_calls:
+            raise SummarizerError(f"the summary needs more than {self._max_calls} summariser calls")
         self.calls += 1
         try:
             reply, usage = await self.model.complete(system, messages)

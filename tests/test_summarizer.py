@@ -479,3 +479,27 @@ async def test_concurrent_summaries_on_one_model_do_not_interfere(templates: Tem
     for task, summary in enumerate(results):
         assert markers(summary.text) == [f"FACT-t{task}.{index}" for index in range(4 + task)]
     assert len(shared.requests) == sum(summary.calls for summary in expected)
+
+
+@pytest.mark.parametrize("max_calls", [1, 3, 6])
+async def test_calls_per_summary_are_capped(max_calls: int, templates: Templates) -> None:
+    history = chat(16, padding=200)
+    model = ScriptedModel(limit=len(format_transcript(history[-4:])), padding=50)  # needs 11 calls uncapped
+    with pytest.raises(SummarizerError, match=f"more than {max_calls}") as caught:
+        await summarize(model, history, templates, max_calls=max_calls)
+    assert len(model.requests) == max_calls == caught.value.calls
+
+
+async def test_the_deadline_covers_the_whole_summary(templates: Templates) -> None:
+    class SlowModel(ScriptedModel):
+        async def complete(self, system: str, messages: list[Message]) -> tuple[Message, Any]:
+            await asyncio.sleep(0.2)  # each call is well within any per-call limit; together they are not
+            return await super().complete(system, messages)
+
+    history = chat(16, padding=200)
+    model = SlowModel(limit=len(format_transcript(history[-4:])), padding=50)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(SummarizerError, match="deadline") as caught:
+        await summarize(model, history, templates, deadline=0.5)
+    assert asyncio.get_running_loop().time() - started < 1.0
+    assert caught.value.calls >= len(model.requests) >= 2  # the call cut short by the deadline counts too
