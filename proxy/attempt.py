@@ -41,7 +41,7 @@ class Attempt:
             return None
         try:
             return usage_of(json.loads(self.body))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
 
 

@@ -90,7 +90,10 @@ class Allotment:
         return self.fixed + self.summary_tokens <= self.goal
 
     def as_log(self) -> dict[str, int]:
-        return asdict(self)
+        """The allotment's figures for a log line, named apart from the plan's own (`tail_tokens` there is what
+        the tail holds; here it is what the tail was allowed beyond the current round)."""
+        return {f"allotted_{key}" if key not in ("goal", "fixed", "growth") else key: value
+                for key, value in asdict(self).items()}
 
 
 def allot(limits: Limits, *, fixed: int, growth: int) -> Allotment:

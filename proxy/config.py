@@ -80,7 +80,7 @@ class SummarizerConfig(_Frozen):
     # A deadline for the whole summary (every call of it), not for one call.
     timeout: float = Field(180.0, gt=0)
     # Calls one summary may make (the tool-result ladder, chunks and merges together).
-    max_calls: int = Field(16, ge=1)
+    max_calls: int = Field(32, ge=1)
 
 
 class CompactionConfig(_Frozen):

@@ -32,7 +32,7 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     clear_started()
     try:
         return await handler(request)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001  # every failure is answered (or, once started, cut) here
         started = abandon_if_started(request, error)
         return started if started is not None else _error_response(request, error)
 

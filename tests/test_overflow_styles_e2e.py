@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.overflow import context_limit_from_error
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import Overflow, WindowedModel
@@ -18,10 +19,19 @@ from tests.test_compaction_e2e import WINDOW, big_history, compaction_config
 FIXTURES = Path(__file__).parent / "fixtures"
 CORPUS = [entry for name in ("overflow_public.json", "overflow_more.json")
           for entry in json.loads((FIXTURES / name).read_text())]
-# These name windows of 512 and 1024 tokens, smaller than this harness's compacted conversation: the proxy learns
-# the window, cannot fit it, and rightly hands back the upstream's answer. Their recognition is unit-tested.
-TOO_SMALL_FOR_THE_HARNESS = {"tgi-inputs-must-have-less-than", "tei-inputs-must-have-less-than-413",
-                             "tei-openai-envelope-413"}
+# Some name windows below 2,048 tokens (512, 1,024, 1,500), smaller than this harness's summariser prompt and
+# compacted conversation: the proxy learns the window, cannot summarise within it in its call budget, and rightly
+# hands back the upstream's answer. Their recognition is unit-tested.
+HARNESS_MIN_WINDOW = 2048
+
+
+def _too_small(entry: dict[str, Any]) -> bool:
+    body = entry["body"] if isinstance(entry["body"], str) else json.dumps(entry["body"])
+    limit = context_limit_from_error(body)
+    return limit is not None and limit < HARNESS_MIN_WINDOW
+
+
+TOO_SMALL_FOR_THE_HARNESS = {entry["id"] for entry in CORPUS if _too_small(entry)}
 POSITIVES = [entry for entry in CORPUS if entry["is_context_overflow"] and entry["id"] not in TOO_SMALL_FOR_THE_HARNESS]
 NEGATIVES = [entry for entry in CORPUS if not entry["is_context_overflow"]]
 

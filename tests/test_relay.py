@@ -12,6 +12,7 @@ import aiohttp
 import openai
 import pytest
 from aiohttp import web
+from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.app import RunningServer
 from proxy.middleware import openai_errors
@@ -22,7 +23,7 @@ from tests.sdk import async_client
 
 PROMPT = 2.0  # seconds: a stream that ends by itself ends well within this; a hang lasts until the client's timeout
 CLIENT_TIMEOUT = 10.0
-MESSAGES = [{"role": "user", "content": "hello"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
 LATE_CHUNKS = {
     "choices is a number": b'data: {"choices": 5}\n\n',
@@ -99,14 +100,14 @@ async def test_late_malformed_chunk_streams_on_openai_sdk(late: str, fake: FakeU
     fake.chat_hook = malformed_after_first(LATE_CHUNKS[late])
     client = async_client(proxy.url, timeout=CLIENT_TIMEOUT)
     started = time.monotonic()
-    stream = await client.chat.completions.create(model="fake-small", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+    stream = await client.chat.completions.create(model="fake-small", messages=MESSAGES, stream=True)
     texts = []
     async for event in stream:
         choices = event.choices if isinstance(event.choices, list) else []
         texts += [choice.delta.content or "" for choice in choices if hasattr(choice, "delta")]
     assert time.monotonic() - started < PROMPT
     assert "".join(texts) == "Hello world"
-    answer = await client.chat.completions.create(model="fake-small", messages=MESSAGES)  # type: ignore[arg-type]
+    answer = await client.chat.completions.create(model="fake-small", messages=MESSAGES)
     assert answer.choices[0].message.content == "echo: hello"
 
 
@@ -185,15 +186,16 @@ async def assert_still_serving(url: str) -> None:
         assert response.status == 200 and await response.json() == {"ok": True}
 
 
-@pytest.mark.parametrize(("chunk_filter", "on_end"), [
-    pytest.param(fails_on_call(2), None, id="filter fails mid-stream"),
-    pytest.param(None, failing_on_end, id="on_end fails"),
-])
+@pytest.mark.parametrize("failing", ["filter", "on_end"])
 async def test_failure_after_start_closes_the_connection(
-        chunk_filter: ChunkFilter | None, on_end: Callable[[], bytes] | None, fake: FakeUpstream,
-        serve: Callable[[web.Application], Awaitable[str]], caplog: pytest.LogCaptureFixture) -> None:
+        failing: str, fake: FakeUpstream, serve: Callable[[web.Application], Awaitable[str]],
+        caplog: pytest.LogCaptureFixture) -> None:
     fake.stream_chunk_delay = 0.01  # the fake's chunks arrive one by one
-    url = await serve(relay_app(fake, chunk_filter=chunk_filter, on_end=on_end))
+    if failing == "filter":
+        app = relay_app(fake, chunk_filter=fails_on_call(2))
+    else:
+        app = relay_app(fake, on_end=failing_on_end)
+    url = await serve(app)
     data, elapsed = await raw_exchange(url, "/relay")
     assert elapsed < PROMPT
     assert data.startswith(b"HTTP/1.1 200 ")
@@ -224,9 +226,8 @@ async def test_failure_after_start_is_cut_off_for_openai_sdk(
     client = async_client(url, timeout=CLIENT_TIMEOUT)
     started = time.monotonic()
     texts = []
-    with pytest.raises(Exception) as caught:  # noqa: B017,PT011  # the SDK's transport error for a cut body
-        stream = await client.chat.completions.create(model="fake-small", messages=MESSAGES,  # type: ignore[arg-type]
-                                                      stream=True)
+    with pytest.raises(Exception) as caught:  # the SDK's transport error for a cut body
+        stream = await client.chat.completions.create(model="fake-small", messages=MESSAGES, stream=True)
         async for event in stream:
             texts += [choice.delta.content or "" for choice in event.choices]
     assert time.monotonic() - started < PROMPT

@@ -35,9 +35,11 @@ STREAMS: dict[str, tuple[bytes, list[tuple[bytes, Fields]]]] = {
                        (b"data: b\r\n\n", (("data", "b"),))]),
     "comment": (b": keep-alive\n\ndata: x\n: inline note\n\n",
                 [(b": keep-alive\n\n", ()), (b"data: x\n: inline note\n\n", (("data", "x"),))]),
-    "no space after colon": (b"data:x\ndata:  two\n\n", [(b"data:x\ndata:  two\n\n", (("data", "x"), ("data", " two")))]),
+    "no space after colon": (b"data:x\ndata:  two\n\n",
+                             [(b"data:x\ndata:  two\n\n", (("data", "x"), ("data", " two")))]),
     "field without colon": (b"data\n\n", [(b"data\n\n", (("data", ""),))]),
-    "multi-line data": (b'data: {"a":\ndata: 1}\n\n', [(b'data: {"a":\ndata: 1}\n\n', (("data", '{"a":'), ("data", "1}")))]),
+    "multi-line data": (b'data: {"a":\ndata: 1}\n\n',
+                        [(b'data: {"a":\ndata: 1}\n\n', (("data", '{"a":'), ("data", "1}")))]),
     "event id retry": (b"event: message\nid: 7\nretry: 100\ndata: {}\n\n",
                        [(b"event: message\nid: 7\nretry: 100\ndata: {}\n\n",
                          (("event", "message"), ("id", "7"), ("retry", "100"), ("data", "{}")))]),
@@ -65,7 +67,7 @@ def events_of(chunks: list[bytes]) -> list[tuple[bytes, Fields]]:
 def random_splits(data: bytes, seed: int) -> list[bytes]:
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(data)), rng.randint(0, max(0, len(data) - 1)))) if len(data) > 1 else []
-    return [data[start:end] for start, end in zip([0, *cuts], [*cuts, len(data)])]
+    return [data[start:end] for start, end in zip([0, *cuts], [*cuts, len(data)], strict=True)]
 
 
 @pytest.mark.parametrize("name", STREAMS)
@@ -138,7 +140,8 @@ def sse(payload: Any) -> SseEvent:
 
 
 def chat_chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+    return {"object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
 
 
 TOOL_CALL = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}
@@ -220,10 +223,11 @@ HOSTILE_CHUNKS = [
     b"data: 5\n\n",
     b"data: null\n\n",
 ]
+HOSTILE_IDS = [chunk[:40].decode(errors="replace") for chunk in HOSTILE_CHUNKS]
 
 
 @pytest.mark.parametrize("hide", [False, True], ids=["pass through", "hide usage"])
-@pytest.mark.parametrize("hostile", HOSTILE_CHUNKS, ids=[chunk[:40].decode(errors="replace") for chunk in HOSTILE_CHUNKS])
+@pytest.mark.parametrize("hostile", HOSTILE_CHUNKS, ids=HOSTILE_IDS)
 def test_usage_tap_never_raises(hostile: bytes, hide: bool) -> None:
     tap = UsageTap(hide_usage_chunk=hide)
     good = b'data: {"choices": [{"delta": {"content": "hi"}, "finish_reason": null}]}\n\n'
@@ -234,7 +238,7 @@ def test_usage_tap_never_raises(hostile: bytes, hide: bool) -> None:
     assert tap.finish_reasons[-1] == "stop" and all(isinstance(reason, str) for reason in tap.finish_reasons)
 
 
-@pytest.mark.parametrize("hostile", HOSTILE_CHUNKS, ids=[chunk[:40].decode(errors="replace") for chunk in HOSTILE_CHUNKS])
+@pytest.mark.parametrize("hostile", HOSTILE_CHUNKS, ids=HOSTILE_IDS)
 def test_classification_never_raises(hostile: bytes) -> None:
     [event] = decode_all(hostile)
     assert is_content_event(event) in (True, False) and is_error_event(event) in (True, False)

@@ -89,7 +89,8 @@ def sse(payload: Any) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
 
 
-def error(status: int, message: str, code: str | None = None, error_type: str = "invalid_request_error") -> web.Response:
+def error(status: int, message: str, code: str | None = None,
+          error_type: str = "invalid_request_error") -> web.Response:
     body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
     return web.json_response(body, status=status, headers=_headers("req_error"))
 
