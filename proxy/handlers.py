@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from proxy.answer import Answer
 from proxy.appkeys import METRICS, PIPELINE, SETTINGS, STORE, UPSTREAM
 from proxy.chat_request import ChatCall
 from proxy.metrics import CONTENT_TYPE
-from proxy.pipeline import Answer
-from proxy.relay import relay
+from proxy.relay import deliver
 from proxy.upstream import UpstreamRequest
 
 API_PREFIX = "/v1"
@@ -22,35 +22,16 @@ def upstream_request(request: web.Request, body: bytes) -> UpstreamRequest:
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     body = await request.read()
-    async with request.app[UPSTREAM].open(upstream_request(request, body)) as response:
-        return await relay(request, response)
+    upstream = request.app[UPSTREAM]
+    async with upstream.open(upstream_request(request, body)) as response:
+        return await deliver(request, Answer.relayed(upstream, response))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await request.read()
     call = ChatCall.parse(body, request.headers, request.raw_path.partition("?")[2])
     async with request.app[PIPELINE].answer(call) as answer:
-        return await respond(request, answer)
-
-
-async def respond(request: web.Request, answer: Answer) -> web.StreamResponse:
-    """Send the answer; its completion hook runs before the last byte leaves, so work it starts (a background
-    summary) is already claimed when the client's next request arrives."""
-    attempt = answer.attempt
-    if attempt.response is None:
-        headers = attempt.headers.copy()
-        headers.update(answer.compaction)
-        answer.finished()
-        return web.Response(status=attempt.status, body=attempt.body, headers=headers)
-    tap = answer.tap
-
-    def end_of_stream() -> bytes:
-        tail = tap.finish() if tap else b""
-        answer.finished()
-        return tail
-
-    return await relay(request, attempt.response, head=attempt.head, extra_headers=answer.compaction,
-                       chunk_filter=tap.feed if tap else None, on_end=end_of_stream)
+        return await deliver(request, answer)
 
 
 async def healthz(request: web.Request) -> web.Response:

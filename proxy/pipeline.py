@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy import budget
+from proxy.answer import Answer, chat_answer
 from proxy.attempt import Attempt, send
 from proxy.budget import Limits
 from proxy.chat_request import ChatCall, encode_json
@@ -22,7 +23,6 @@ from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.overflow import context_limit_from_error
 from proxy.plan import last_input_tokens
-from proxy.streaming import UsageTap
 from proxy.tokens import Calibration, TokenCounter
 from proxy.upstream import Upstream
 from proxy.windows import ContextWindows
@@ -32,20 +32,6 @@ log = logging.getLogger(__name__)
 # Request fields through which a provider manages the context itself; such requests are left alone.
 SELF_MANAGED_FIELDS = ("context_management", "truncation", "transforms")
 LARGE_BODY_BYTES = 256 * 1024
-
-
-@dataclass
-class Answer:
-    """What the handler sends: a buffered body, or a live upstream stream with its held-back head."""
-
-    attempt: Attempt
-    compaction: dict[str, str]
-    tap: UsageTap | None = None
-    on_done: Callable[[dict[str, Any] | None], None] | None = None
-
-    def finished(self) -> None:
-        if self.on_done is not None:
-            self.on_done(self.tap.usage if self.tap is not None else self.attempt.usage())
 
 
 @dataclass
@@ -235,13 +221,14 @@ class ChatPipeline:
 
     def _finish(self, call: ChatCall, attempt: Attempt, headers: dict[str, str], *, hide_usage: bool,
                 journey: Journey | None = None) -> Answer:
-        tap = UsageTap(hide_usage_chunk=hide_usage) if attempt.response is not None else None
-        if tap is not None:
-            attempt.head = tap.feed(attempt.head)
         self._metrics.chat_requests.labels(headers["x-compaction"]).inc()
-        if journey is None or not attempt.ok:
-            return Answer(attempt, headers, tap)
-        return Answer(attempt, headers, tap, on_done=lambda usage: self._learn(journey, usage))
+        learn = journey is not None and attempt.ok
+
+        def on_done(usage: dict[str, Any] | None) -> None:
+            assert journey is not None
+            self._learn(journey, usage)
+
+        return chat_answer(self._upstream, attempt, headers, hide_usage=hide_usage, on_done=on_done if learn else None)
 
     def _learn(self, journey: Journey, usage: dict[str, Any] | None) -> None:
         """After a good answer: calibrate the estimate, and start the next summary early if usage is high."""

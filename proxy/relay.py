@@ -1,63 +1,41 @@
-"""Copy an upstream response to the client as it arrives, never changing a status once it is sent."""
+"""Send answers to the client as they arrive, never changing a status once it is sent."""
 
 from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 
-import aiohttp
 from aiohttp import web
 
-from proxy.upstream import response_headers, was_decoded
+from proxy.answer import Answer
 
 log = logging.getLogger(__name__)
-
-ChunkFilter = Callable[[bytes], bytes]
 
 # The response this request has started, if any. aiohttp buffers the status line until the first write, so the
 # writer alone cannot tell the error middleware that an error response is no longer possible; this can.
 _started: ContextVar[web.StreamResponse | None] = ContextVar("started_response", default=None)
 
 
-def start_response(upstream: aiohttp.ClientResponse, extra_headers: Mapping[str, str] | None = None,
-                   *, keep_length: bool = True) -> web.StreamResponse:
-    headers = response_headers(upstream.headers, decoded=was_decoded(upstream) or not keep_length)
-    headers.update(extra_headers or {})
-    return web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+async def deliver(request: web.Request, answer: Answer) -> web.StreamResponse:
+    """Send an answer: a whole body at once, or a stream chunk by chunk as it arrives.
 
-
-async def relay(request: web.Request, upstream: aiohttp.ClientResponse, *, head: bytes = b"",
-                extra_headers: Mapping[str, str] | None = None,
-                chunk_filter: ChunkFilter | None = None,
-                on_end: Callable[[], bytes] | None = None) -> web.StreamResponse:
-    """Stream `head` then the rest of the upstream body. A filter may rewrite chunks (length then goes).
-
-    Once the response is prepared nothing raises out of here but cancellation: a failure of the upstream, the
-    filter, `on_end` or the client's socket ends the response by closing the connection.
+    One rule for every route: once a stream is prepared nothing raises out of here but cancellation; a failure of
+    the upstream, of the answer's own work, or of the client's socket ends it by closing the connection.
     """
-    response = start_response(upstream, extra_headers, keep_length=chunk_filter is None and not head)
+    if answer.chunks is None:
+        return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
+    response = web.StreamResponse(status=answer.status, reason=answer.reason, headers=answer.headers)
     await response.prepare(request)
     _started.set(response)
     try:
-        await _copy(response, upstream, head, chunk_filter, on_end)
+        async for chunk in answer.chunks:
+            if chunk:
+                await response.write(chunk)
+        await response.write_eof()
     except Exception as error:  # noqa: BLE001  # anything at all: the status line is out, an error cannot follow
         abandon(request, error)
     return response
-
-
-async def _copy(response: web.StreamResponse, upstream: aiohttp.ClientResponse, head: bytes,
-                chunk_filter: ChunkFilter | None, on_end: Callable[[], bytes] | None) -> None:
-    if head:
-        await response.write(head)
-    async for chunk in upstream.content.iter_any():
-        out = chunk_filter(chunk) if chunk_filter else chunk
-        if out:
-            await response.write(out)
-    if on_end is not None and (tail := on_end()):
-        await response.write(tail)
-    await response.write_eof()
 
 
 def clear_started() -> None:

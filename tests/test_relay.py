@@ -14,12 +14,16 @@ import pytest
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 
+from proxy.answer import Answer
 from proxy.app import RunningServer
 from proxy.middleware import openai_errors
-from proxy.relay import ChunkFilter, relay
+from proxy.relay import deliver
+from proxy.upstream import response_headers
 from tests.conftest import serve_app
 from tests.fakes.openai_upstream import FakeUpstream, chunk, sse
 from tests.sdk import async_client
+
+ChunkFilter = Callable[[bytes], bytes]
 
 PROMPT = 2.0  # seconds: a stream that ends by itself ends well within this; a hang lasts until the client's timeout
 CLIENT_TIMEOUT = 10.0
@@ -116,6 +120,16 @@ async def test_late_malformed_chunk_streams_on_openai_sdk(late: str, fake: FakeU
 RelayHook = Callable[[web.Request, web.StreamResponse], Awaitable[None]]
 
 
+async def _filtered(upstream: aiohttp.ClientResponse, chunk_filter: ChunkFilter | None,
+                    on_end: Callable[[], bytes] | None) -> AsyncIterator[bytes]:
+    """The upstream's chunks through a filter, then an end hook: the shape of a chat answer's own work."""
+    async for data in upstream.content.iter_any():
+        if out := (chunk_filter(data) if chunk_filter else data):
+            yield out
+    if on_end is not None and (tail := on_end()):
+        yield tail
+
+
 def relay_app(fake: FakeUpstream, *, chunk_filter: ChunkFilter | None = None,
               on_end: Callable[[], bytes] | None = None, after: RelayHook | None = None) -> web.Application:
     """POST /relay relays the fake's chat stream through `relay`; `after` runs once relay returned."""
@@ -124,7 +138,9 @@ def relay_app(fake: FakeUpstream, *, chunk_filter: ChunkFilter | None = None,
         payload = {"model": "fake-small", "messages": MESSAGES, "stream": True}
         async with aiohttp.ClientSession() as session, \
                 session.post(f"{fake.url}/v1/chat/completions", json=payload) as upstream:
-            response = await relay(request, upstream, chunk_filter=chunk_filter, on_end=on_end)
+            answer = Answer(upstream.status, response_headers(upstream.headers, decoded=True),
+                            chunks=_filtered(upstream, chunk_filter, on_end), reason=upstream.reason)
+            response = await deliver(request, answer)
         if after is not None:
             await after(request, response)
         return response

@@ -9,6 +9,8 @@ from typing import Any
 
 import openai
 
+from tests.e2e_real.model_server import SEED
+
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."}
 MODEL = "smollm2-135m"
 NOUNS = ("garden", "river", "lantern", "teapot", "bicycle", "harbor", "violin", "meadow", "compass", "orchard",
@@ -60,9 +62,14 @@ def _header_int(headers: Any, name: str) -> int | None:
 
 async def ask(client: openai.AsyncOpenAI, history: list[dict[str, Any]], *, index: int, stream: bool,
               max_tokens: int) -> TurnResult:
-    """One chat completion over the whole history; the reply is read as the SDK hands it to an application."""
+    """One chat completion over the whole history; the reply is read as the SDK hands it to an application.
+
+    Greedy (temperature 0) and seeded: the reply depends on the history alone, and the server's sampling state
+    after it is the same whatever ran before (see model_server.SEED).
+    """
     started = time.monotonic()
-    options: dict[str, Any] = {"model": MODEL, "messages": history, "max_tokens": max_tokens, "temperature": 0}
+    options: dict[str, Any] = {"model": MODEL, "messages": history, "max_tokens": max_tokens, "temperature": 0,
+                               "seed": SEED}
     if stream:
         async with client.chat.completions.with_streaming_response.create(stream=True, **options) as raw:
             headers = raw.headers

@@ -27,6 +27,11 @@ DOWNLOAD_TIMEOUT = 900.0
 INSTALL_HINT = "pip install 'llama-cpp-python[server]'"
 # The chat template built into the gguf file; it adds this system message when a chat starts without one.
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+# The one sampling seed of the suite: the server starts with it, every request the suite sends carries it (the
+# client's turns in conversation.py, the proxy's summariser requests through recorder.py). llama-cpp-python's
+# server seeds each request that names no seed from the one before it (Llama._create_completion), so without it
+# a reply would depend on how many requests ran earlier in the session: on the order and choice of tests.
+SEED = 1234
 
 Downloader = Callable[[Path], None]
 
@@ -114,13 +119,15 @@ def free_port() -> int:
 def server_command(python: str, model: Path, port: int, n_ctx: int, chat_format: str | None = None) -> list[str]:
     command = [python, "-m", "llama_cpp.server", "--model", str(model), "--n_ctx", str(n_ctx),
                "--host", "127.0.0.1", "--port", str(port),
-               # Keeps the evaluated state of recent prompts: a conversation turn that follows a summariser
-               # call then reads only its new messages, not its whole history again.
-               "--cache", "true",
+               # No `--cache true`: that prompt cache saves the whole model state (about 100 MB, most of it a
+               # logits buffer its size limit does not count) after every request, restores the sampling seed of
+               # whichever earlier request it hits, and was seen to take the server down. Without it the server
+               # still reuses the evaluated prefix of the request just before (its one slot), and a reply
+               # depends only on its request, whatever ran earlier.
                # By default a waiting request cuts a running stream short; a real deployment would not want that.
                "--interrupt_requests", "false",
-               # A fixed seed: the model samples (its summaries end only when sampled), and a run should repeat.
-               "--seed", "1234"]
+               # What a request that names no seed starts from; the suite's own requests all name SEED.
+               "--seed", str(SEED)]
     if chat_format:
         command += ["--chat_format", chat_format]
     return command

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.streaming import SseDecoder, SseEvent
 from tests.conftest import serve_app
+from tests.e2e_real.model_server import SEED
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "transfer-encoding", "upgrade", "host", "content-length"})
@@ -34,6 +35,7 @@ class Exchange:
     events: list[dict[str, Any]] = field(default_factory=list)  # decoded stream chunks
     prompt_tokens: int | None = None          # reported, or counted by the server's tokenizer afterwards
     disconnected: str | None = None           # the server dropped the connection instead of answering
+    seeded: bool = False                      # the recorder added `seed` (the request as sent has none)
 
     @property
     def is_chat(self) -> bool:
@@ -87,12 +89,27 @@ class Exchange:
         return value if isinstance(value, int) else None
 
 
+def with_seed(body: bytes, request: dict[str, Any]) -> bytes | None:
+    """The body with the suite's sampling seed added, for a completion request that names none; else None.
+
+    The proxy has no setting for a summariser seed, and llama-cpp-python's server seeds a request without one
+    from the request before it: the same summariser request would get a different reply depending on what ran
+    earlier. With the seed its reply depends on its own text only. Nothing else in the request changes.
+    """
+    if not request or "seed" in request or not isinstance(request.get("messages", request.get("prompt")), (list, str)):
+        return None
+    return json.dumps({**request, "seed": SEED}).encode()
+
+
 class Recorder:
     """Forwards every request to `upstream` (a server URL without /v1) and keeps an Exchange per request.
 
     Each request gets a fresh connection to the server, so the recorder never trips over a server that closes a
     kept-alive connection after answering; that quirk therefore does not reach the proxy through it, and tests of
     connection behaviour point the proxy at the server directly.
+
+    A completion request that names no `seed` is forwarded with the suite's (see `with_seed`); the Exchange keeps
+    the request as the proxy sent it.
     """
 
     def __init__(self, upstream: str) -> None:
@@ -116,6 +133,8 @@ class Recorder:
         body = await request.read()
         exchange = Exchange(request.path, _json_or_empty(body), time.monotonic())
         self.exchanges.append(exchange)
+        if request.path.endswith("/completions") and (seeded := with_seed(body, exchange.request)) is not None:
+            body, exchange.seeded = seeded, True
         headers = {name: value for name, value in request.headers.items() if name.lower() not in HOP_BY_HOP}
         try:
             async with self._session.request(request.method, self.upstream + request.path_qs, data=body,
