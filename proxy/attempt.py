@@ -12,11 +12,13 @@ import aiohttp
 from multidict import CIMultiDict
 
 from proxy.overflow import detect_context_overflow
-from proxy.streaming import SseDecoder, is_content_event, is_error_event, usage_of
+from proxy.streaming import SseDecoder, is_error_event, is_preamble_event, usage_of
 from proxy.upstream import Upstream, UpstreamRequest, response_headers
 
 # An error stream is short; past this much after an error event the rest is not worth holding.
 MAX_ERROR_TAIL = 1024 * 1024
+# A first event larger than this is no error report: the stream is committed without waiting for its end.
+MAX_HEAD = 64 * 1024
 
 
 @dataclass
@@ -58,24 +60,24 @@ async def send(upstream: Upstream, stack: AsyncExitStack, *, query: str, headers
 
 
 async def _probe_stream(upstream: Upstream, response: aiohttp.ClientResponse) -> Attempt:
-    """Hold events back until the first content (a live stream) or an error / the end (a buffered answer)."""
+    """Hold the stream back only until its first event: an error there is judged (a buffered answer); anything
+    else — content, a role chunk, a reasoning delta, a keep-alive comment — commits it as a live stream.
+
+    Only the Responses API's lifecycle preamble (`response.created`, ...) does not count as a first event."""
     headers = response_headers(response.headers, decoded=True)
     decoder = SseDecoder()
     head = b""
-    seen_event = False
     async for chunk in upstream.chunks(response):
         head += chunk
-        for event in decoder.feed(chunk):
-            seen_event = True
-            if is_error_event(event):
-                rest = await _read_rest(upstream, response)
-                whole = head + rest
-                return Attempt(200, headers, body=whole, overflow=detect_context_overflow(200, whole))
-            if is_content_event(event):
-                return Attempt(response.status, headers, response=response, head=head)
-    seen_event = seen_event or bool(decoder.flush())
+        events = [event for event in decoder.feed(chunk) if not is_preamble_event(event)]
+        if events and is_error_event(events[0]):
+            whole = head + await _read_rest(upstream, response)
+            return Attempt(200, headers, body=whole, overflow=detect_context_overflow(200, whole))
+        if events or len(head) > MAX_HEAD:
+            return Attempt(response.status, headers, response=response, head=head)
+    last = decoder.flush()
     return Attempt(response.status, headers, body=head, overflow=detect_context_overflow(200, head),
-                   empty_stream=not seen_event)
+                   empty_stream=not last)
 
 
 async def _read_rest(upstream: Upstream, response: aiohttp.ClientResponse) -> bytes:

@@ -10,6 +10,8 @@ from typing import Any
 # An event ends at the first blank line; servers mix \n, \r\n and \r line endings.
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r|\n\r\n|\r\n\n")
 _LINE_END = re.compile(r"\r\n|\n|\r")
+# An event longer than this is handed on unparsed: no real event is near it, and parsing it would cost the loop.
+MAX_PENDING_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -57,26 +59,43 @@ def parse_fields(block: bytes) -> tuple[tuple[str, str], ...]:
 
 
 class SseDecoder:
-    """Feed bytes as they arrive; get back every event completed so far."""
+    """Feed bytes as they arrive; get back every event completed so far.
 
-    def __init__(self) -> None:
+    Linear in the bytes fed: each byte is scanned for a terminator about once, and a chunk holding thousands of
+    events is cut once, not once per event. An event that never ends is handed on whole (unparsed) once it passes
+    `max_pending` bytes, so a hostile stream cannot grow the buffer without bound.
+    """
+
+    def __init__(self, max_pending: int = MAX_PENDING_BYTES) -> None:
         self._buffer = b""
+        self._scanned = 0  # bytes of the buffer already searched for a terminator
+        self._max_pending = max_pending
 
     @property
     def pending(self) -> bytes:
         return self._buffer
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
-        self._buffer += chunk
-        events = []
-        while match := _EVENT_END.search(self._buffer):
-            raw, self._buffer = self._buffer[: match.end()], self._buffer[match.end():]
-            events.append(SseEvent(raw, parse_fields(raw[: match.start()])))
+        buffer = self._buffer + chunk if self._buffer else chunk
+        events: list[SseEvent] = []
+        start = 0
+        # A terminator (at most 4 bytes) may straddle the previous chunk's end.
+        for match in _EVENT_END.finditer(buffer, max(0, self._scanned - 3)):
+            if match.start() < start:
+                continue
+            raw = buffer[start: match.end()]
+            events.append(SseEvent(raw, parse_fields(buffer[start: match.start()])))
+            start = match.end()
+        rest = buffer[start:]
+        if len(rest) > self._max_pending:
+            events.append(SseEvent(rest, ()))
+            rest = b""
+        self._buffer, self._scanned = rest, len(rest)
         return events
 
     def flush(self) -> list[SseEvent]:
         """At end of stream: an unterminated last event still counts."""
-        raw, self._buffer = self._buffer, b""
+        raw, self._buffer, self._scanned = self._buffer, b"", 0
         # Trailing blank lines are kept as a field-less event so no byte of the stream is lost.
         return [SseEvent(raw, parse_fields(raw))] if raw else []
 
@@ -111,6 +130,16 @@ def is_content_event(event: SseEvent) -> bool:
             return True
     kind = payload.get("type")  # not str(): a hostile value can be nested too deep to print
     return isinstance(kind, str) and (kind.endswith(".delta") or kind in {"content_block_start", "content_block_delta"})
+
+
+# The Responses API opens a stream with lifecycle events that carry no output yet; an overflow error follows them.
+_PREAMBLE_TYPES = frozenset({"response.created", "response.in_progress", "response.queued"})
+
+
+def is_preamble_event(event: SseEvent) -> bool:
+    """A lifecycle event before any output: waiting past it costs nothing, and an error may still follow."""
+    payload = event.json()
+    return isinstance(payload, dict) and payload.get("type") in _PREAMBLE_TYPES
 
 
 def is_error_event(event: SseEvent) -> bool:
