@@ -46,13 +46,17 @@ async def test_the_first_non_error_event_reaches_the_client_at_once(first: str, 
     proxy = await make_proxy()
     async with aiohttp.ClientSession() as session:
         started = time.monotonic()
-        async with session.post(f"{proxy.url}/v1/chat/completions", headers={"x-compaction-mode": mode},
-                                json={"model": "m", "messages": MESSAGES, "stream": True}) as response:
-            assert response.status == 200
-            head = await asyncio.wait_for(response.content.readany(), 2)
-            first_byte = time.monotonic() - started
-            gate.set()
-            rest = await response.read()
+        try:
+            async with session.post(f"{proxy.url}/v1/chat/completions", headers={"x-compaction-mode": mode},
+                                    json={"model": "m", "messages": MESSAGES, "stream": True},
+                                    timeout=aiohttp.ClientTimeout(total=5)) as response:
+                assert response.status == 200
+                head = await asyncio.wait_for(response.content.readany(), 2)
+                first_byte = time.monotonic() - started
+                gate.set()
+                rest = await response.read()
+        finally:
+            gate.set()  # a held-back stream must not leave the fake waiting forever
     assert head.startswith(FIRST_EVENTS[first][:8])
     assert first_byte < 0.5, f"the first event was held back {first_byte:.2f}s"
     assert b"done" in head + rest
