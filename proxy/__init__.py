@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Calibration": "proxy.tokens",
+    "Calibration": "proxy.calibration",
     "ChatModel": "proxy.summarizer",
     "FileNote": "proxy.summary",
     "StructuredSummary": "proxy.summary",
@@ -52,12 +52,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from proxy.calibration import Calibration
     from proxy.fence import code_fence
     from proxy.overflow import context_limit_from_error, detect_context_overflow
     from proxy.summarizer import ChatModel, SummarizerError, SummarizerOverflow, Summary, SummaryTruncated, summarize
     from proxy.summary import FileNote, StructuredSummary, summary_text
     from proxy.templates import Templates
-    from proxy.tokens import Calibration, TokenCounter
+    from proxy.tokens import TokenCounter
     from proxy.transcript import format_message_for_compacting, format_transcript
 
 

@@ -11,16 +11,20 @@ from aiohttp.typedefs import Middleware
 
 from proxy import handlers
 from proxy.appkeys import METRICS, PIPELINE, SETTINGS, STORE, UPSTREAM
+from proxy.calibration import Calibration
 from proxy.compactor import Compactor
 from proxy.config import Settings
 from proxy.discovery import WindowSource
 from proxy.metrics import Metrics
 from proxy.middleware import openai_errors, require_proxy_key
 from proxy.model_client import ModelClient
+from proxy.paths import refuse_escaping_paths
 from proxy.pipeline import ChatPipeline
+from proxy.request_body import close_unread_bodies
+from proxy.server_timeouts import GuardedAppRunner
 from proxy.store import open_store
 from proxy.templates import Templates
-from proxy.tokens import Calibration, TokenCounter
+from proxy.tokens import TokenCounter
 from proxy.upstream import Upstream, create_session
 from proxy.windows import ContextWindows
 
@@ -28,7 +32,8 @@ log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings) -> web.Application:
-    middlewares: list[Middleware] = [openai_errors]
+    # Paths first: an escaping path is refused before anything (auth included) looks at the request.
+    middlewares: list[Middleware] = [refuse_escaping_paths, close_unread_bodies, openai_errors]
     if settings.server.api_keys:
         middlewares.append(require_proxy_key([key.get_secret_value() for key in settings.server.api_keys]))
     app = web.Application(client_max_size=settings.server.max_body_bytes, middlewares=middlewares)
@@ -95,7 +100,13 @@ class RunningServer:
 
 async def start_server(settings: Settings, *, host: str | None = None, port: int | None = None) -> RunningServer:
     """Serve `settings` on a TCP socket; port 0 picks a free one. Used by the CLI and the tests alike."""
-    runner = web.AppRunner(create_app(settings), handler_cancellation=True, access_log=None)
+    limits = settings.server
+    runner = GuardedAppRunner(
+        create_app(settings), handler_cancellation=True, access_log=None,
+        header_timeout=limits.header_timeout, keepalive_timeout=limits.keepalive_timeout,
+        # Bodies are inflated by proxy.request_body, bounded and in steps; aiohttp would inflate them on the loop,
+        # whole, even after the request was refused.
+        auto_decompress=False)
     await runner.setup()
     bind_host = host if host is not None else settings.server.host
     site = web.TCPSite(runner, bind_host, settings.server.port if port is None else port)

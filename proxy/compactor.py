@@ -15,6 +15,7 @@ from typing import Any
 from proxy import budget
 from proxy.backoff import Backoff, shrink
 from proxy.budget import Limits
+from proxy.calibration import Calibration
 from proxy.config import Settings
 from proxy.messages import Message, is_instruction, is_user, role
 from proxy.metrics import Metrics
@@ -23,7 +24,7 @@ from proxy.single_flight import SingleFlight
 from proxy.store import CompactedPrefix, SummaryStore
 from proxy.summarizer import ChatModel, SummarizerError, Summary, summarize
 from proxy.templates import Templates
-from proxy.tokens import Calibration, TokenCounter
+from proxy.tokens import TokenCounter
 
 log = logging.getLogger("proxy.compaction")
 

@@ -13,6 +13,7 @@ from proxy import budget
 from proxy.answer import Answer, chat_answer
 from proxy.attempt import Attempt, send
 from proxy.budget import Limits
+from proxy.calibration import Calibration
 from proxy.chat_request import ChatCall, encode_json
 from proxy.compactor import Compactor, Conversation, Flight
 from proxy.config import Settings
@@ -23,7 +24,7 @@ from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.overflow import context_limit_from_error
 from proxy.plan import last_input_tokens
-from proxy.tokens import Calibration, TokenCounter
+from proxy.tokens import TokenCounter
 from proxy.upstream import Upstream
 from proxy.windows import ContextWindows
 
@@ -91,7 +92,7 @@ class ChatPipeline:
 
     async def _journey(self, call: ChatCall, stack: AsyncExitStack) -> Answer:
         assert call.messages is not None
-        namespace = namespace_for(call.headers, self._settings.server.tenant_header)
+        namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
         chain = await self._fingerprint(call, namespace)
         conversation = await self._compactor.reuse(call.messages, chain, namespace)
         # Windows the upstream states are looked up before planning (once per upstream, then cached), so the
