@@ -1,0 +1,91 @@
+"""Summariser calls and tokens before -> after for the scenarios agents and chats live in, at small windows.
+
+Usage: python bench/agents.py
+Each scenario drives the real proxy (in-process, on 127.0.0.1) with the openai SDK against a fake upstream that
+enforces its window by counting tokens (1.15x the proxy's own estimate, as real servers differ). It prints, per
+scenario: requests, summariser calls, compactions, the tokens each compaction took the history from and to, and
+the largest prompt the upstream received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import statistics
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from proxy.app import start_server  # noqa: E402
+from proxy.config import settings_from_mapping  # noqa: E402
+from tests.conftest import serve_app  # noqa: E402
+from tests.fakes.agent import AgentModel, run_agent  # noqa: E402
+from tests.fakes.conversation import run_script  # noqa: E402
+from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp  # noqa: E402
+from tests.fakes.windowed import WindowedModel  # noqa: E402
+from tests.sdk import async_client  # noqa: E402
+
+Drive = Callable[[Any], Awaitable[Any]]
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("{"):
+            self.events.append(json.loads(message))
+
+
+async def scenario(label: str, model: WindowedModel, window: int, drive: Drive) -> None:
+    fake = FakeUpstream()
+    fake.chat_hook = model
+    runner, url = await serve_app(FakeUpstreamApp(fake).build())
+    settings = settings_from_mapping({"upstream": {"base_url": f"{url}/v1"},
+                                      "models": {"default": {"context_window": window}}}, env={})
+    proxy = await start_server(settings, host="127.0.0.1", port=0)
+    lines = Lines()
+    logger = logging.getLogger("proxy.compaction")
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        await drive(async_client(proxy.url))
+    finally:
+        logger.removeHandler(lines)
+        logger.propagate = True
+        await proxy.stop()
+        await runner.cleanup()
+    done = [e for e in lines.events if e.get("event") == "compaction"]
+    pairs = [f"{e['tokens_before']}->{e['tokens_after']}" for e in done[:4]]
+    after = statistics.median(e["tokens_after"] for e in done) if done else 0
+    print(f"| {label} | {len(model.chat_calls)} | {len(model.summarizer_calls)} | {len(done)} | "
+          f"{', '.join(pairs)}{' ...' if len(done) > 4 else ''} (median after {after:.0f}) | "
+          f"{max(r.prompt_tokens for r in model.chat_calls)} / {window} |")
+
+
+async def main() -> None:
+    print("| scenario | chat requests | summariser calls | compactions | summarised tokens before -> after | "
+          "largest prompt / window |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for stream in (False, True):
+        await scenario(f"agent, 1 instruction + 60 tool rounds (~310 tokens, 2 parallel calls), "
+                       f"{'stream' if stream else 'json'}", AgentModel(window=4000), 4000,
+                       lambda client, s=stream: run_agent(client, 60, stream=s))
+    await scenario("chat, 40 turns, default 1,024 reserve", WindowedModel(window=3000), 3000,
+                   lambda client: run_script(client, 40))
+    await scenario("chat, 40 turns, max_tokens 256", WindowedModel(window=3000), 3000,
+                   lambda client: run_script(client, 40, max_tokens=256))
+    await scenario("chat with tool turns, 60 turns", WindowedModel(window=4096), 4096,
+                   lambda client: run_script(client, 60))
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(main())
