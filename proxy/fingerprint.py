@@ -1,10 +1,10 @@
-"""Message fingerprints: canonical JSON digests, prefix hash chains and tenant namespaces."""
+"""Message fingerprints: canonical JSON digests and prefix hash chains."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -95,27 +95,3 @@ def hash_chain(messages: Sequence[Any], namespace: str) -> list[str]:
         state = hashlib.blake2b(state + message_digest(message), digest_size=32).digest()
         chain.append(state.hex())
     return chain
-
-
-def tenant_namespace(api_key: str | None, tenant: str | None = None) -> str:
-    """A tenant's store namespace: never the key itself, only a one-way hash of it."""
-    if tenant:
-        source = b"tenant:" + tenant.encode("utf-8", HASH_ERRORS)
-    elif api_key:
-        source = b"key:" + api_key.encode("utf-8", HASH_ERRORS)
-    else:
-        source = b"anonymous"
-    return hashlib.sha256(b"compaction-proxy/" + source).hexdigest()[:32]
-
-
-def presented_key(headers: Mapping[str, str]) -> str | None:
-    """The credential a client presented: a bearer token, else an x-api-key header."""
-    scheme, _, token = headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    return headers.get("x-api-key") or None
-
-
-def namespace_for(headers: Mapping[str, str], tenant_header: str | None) -> str:
-    tenant = headers.get(tenant_header) if tenant_header else None
-    return tenant_namespace(presented_key(headers), tenant)

@@ -9,8 +9,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from proxy.credentials import presented_key
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized, openai_error_body
-from proxy.fingerprint import HASH_ERRORS, presented_key
+from proxy.fingerprint import HASH_ERRORS
 from proxy.relay import abandon_if_started, clear_started
 
 log = logging.getLogger(__name__)

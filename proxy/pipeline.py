@@ -19,11 +19,12 @@ from proxy.compactor import Compactor, Conversation, Flight
 from proxy.config import Settings
 from proxy.elision import elide_oversized
 from proxy.errors import ProxyError
-from proxy.fingerprint import hash_chain, namespace_for
+from proxy.fingerprint import hash_chain
 from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.overflow import context_limit_from_error
 from proxy.plan import last_input_tokens
+from proxy.tenants import namespace_for
 from proxy.tokens import TokenCounter
 from proxy.upstream import Upstream
 from proxy.windows import ContextWindows

@@ -23,7 +23,8 @@ from proxy.chat_request import (
     has_lone_surrogate_escape,
 )
 from proxy.errors import BadRequest
-from proxy.fingerprint import canonical_json, hash_chain, message_digest, tenant_namespace
+from proxy.fingerprint import canonical_json, hash_chain, message_digest
+from proxy.tenants import tenant_namespace
 from tests.fakes.openai_upstream import FakeUpstream, chunk, completion, sse
 
 HEADERS: dict[str, str] = {}

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from proxy.config import StoreConfig
-from proxy.fingerprint import hash_chain, tenant_namespace
+from proxy.fingerprint import hash_chain
+from proxy.tenants import tenant_namespace
 from proxy.single_flight import SingleFlight
 from proxy.store import CompactedPrefix, MemoryStore, SqliteStore, SummaryStore, open_store
 

@@ -1,0 +1,30 @@
+"""Credentials a client presents: to the proxy (its access key) and to the upstream (its own key)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from proxy.fingerprint import HASH_ERRORS, canonical_json
+
+# A client may present its proxy key here, keeping Authorization for its own upstream key.
+PROXY_KEY_HEADER = "x-proxy-api-key"
+# Every header a client identifies itself with, to the proxy or to the upstream.
+_CREDENTIAL_HEADERS = frozenset({PROXY_KEY_HEADER, "authorization", "x-api-key", "api-key"})
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The proxy key a client presented: x-proxy-api-key, else a bearer token, else an x-api-key header."""
+    dedicated = headers.get(PROXY_KEY_HEADER, "").strip()
+    if dedicated:
+        return dedicated
+    scheme, _, token = headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return headers.get("x-api-key") or None
+
+
+def presented_credentials(headers: Mapping[str, str]) -> str | None:
+    """Every credential header a client sent, in a canonical form (names folded, sorted); None without any."""
+    found = sorted((name.lower(), value.strip()) for name, value in headers.items()
+                   if name.lower() in _CREDENTIAL_HEADERS and value.strip())
+    return canonical_json(found).decode("utf-8", HASH_ERRORS) if found else None
