@@ -7,8 +7,11 @@ from aiohttp import web
 from proxy.answer import Answer
 from proxy.appkeys import METRICS, PIPELINE, SETTINGS, STORE, UPSTREAM
 from proxy.chat_request import ChatCall
+from proxy.log_filters import mask_url
 from proxy.metrics import CONTENT_TYPE
+from proxy.offload import off_loop_if_large
 from proxy.relay import deliver
+from proxy.request_body import read_body
 from proxy.upstream import UpstreamRequest
 
 API_PREFIX = "/v1"
@@ -21,15 +24,17 @@ def upstream_request(request: web.Request, body: bytes) -> UpstreamRequest:
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    body = await request.read()
+    body = await read_body(request)
     upstream = request.app[UPSTREAM]
     async with upstream.open(upstream_request(request, body)) as response:
         return await deliver(request, Answer.relayed(upstream, response))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body = await request.read()
-    call = ChatCall.parse(body, request.headers, request.raw_path.partition("?")[2])
+    body = await read_body(request)
+    # Parsing (and bounding) a multi-megabyte history is CPU work: off the loop when it is that large.
+    call = await off_loop_if_large(len(body), ChatCall.parse, body, request.headers,
+                                   request.raw_path.partition("?")[2])
     async with request.app[PIPELINE].answer(call) as answer:
         return await deliver(request, answer)
 
@@ -41,7 +46,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     store_ok = await request.app[STORE].ping()
     body = {"status": "ready" if store_ok else "degraded", "store": "ok" if store_ok else "unreachable",
-            "upstream": request.app[SETTINGS].upstream.base_url}
+            "upstream": mask_url(request.app[SETTINGS].upstream.base_url)}  # /readyz is open: no passwords
     return web.json_response(body, status=200 if store_ok else 503)
 
 

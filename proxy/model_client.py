@@ -9,6 +9,7 @@ from typing import Any
 
 from proxy import budget
 from proxy.errors import ProxyError
+from proxy.offload import off_loop_if_large
 from proxy.overflow import detect_context_overflow
 from proxy.summarizer import SummarizerError, SummarizerOverflow
 from proxy.upstream import Upstream, UpstreamRequest
@@ -18,6 +19,8 @@ CREDENTIAL_HEADERS = ("authorization", "x-api-key", "openai-organization", "open
 
 
 def credential_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The caller's identifying headers. x-proxy-api-key is not one of them, and a proxy key in any of them is
+    removed on the way out by upstream.request_headers, as from every upstream request."""
     return {name: value for name, value in headers.items() if name.lower() in CREDENTIAL_HEADERS}
 
 
@@ -44,13 +47,17 @@ class ModelClient:
             raise SummarizerOverflow("the summariser's prompt leaves no room for a summary")
         return room
 
-    async def complete(self, system: str, messages: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-        sent = [{"role": "system", "content": system}, *messages]
+    def _request(self, sent: list[dict[str, Any]]) -> UpstreamRequest:
+        """The summariser request: counting its prompt for the output limit is the costly part on a long one."""
         payload = {"model": self.model, "messages": sent, "stream": False,
                    self._output_field: self.output_limit(sent)}
         if self._temperature is not None:
             payload["temperature"] = self._temperature
-        request = UpstreamRequest("POST", "/chat/completions", "", self._headers, json.dumps(payload).encode())
+        return UpstreamRequest("POST", "/chat/completions", "", self._headers, json.dumps(payload).encode())
+
+    async def complete(self, system: str, messages: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+        sent = [{"role": "system", "content": system}, *messages]
+        request = await off_loop_if_large(len(system), self._request, sent)
         try:
             async with asyncio.timeout(self._timeout):
                 async with self._upstream.open(request) as response:

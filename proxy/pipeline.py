@@ -22,6 +22,7 @@ from proxy.errors import ProxyError
 from proxy.fingerprint import hash_chain
 from proxy.messages import Message
 from proxy.metrics import Metrics
+from proxy.offload import LARGE, off_loop_if_large
 from proxy.overflow import context_limit_from_error
 from proxy.plan import last_input_tokens
 from proxy.tenants import namespace_for
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 
 # Request fields through which a provider manages the context itself; such requests are left alone.
 SELF_MANAGED_FIELDS = ("context_management", "truncation", "transforms")
-LARGE_BODY_BYTES = 256 * 1024
 
 
 @dataclass
@@ -112,15 +112,14 @@ class ChatPipeline:
     async def _fingerprint(self, call: ChatCall, namespace: str) -> list[str]:
         """The history's hash chain. On a large history, hashing and tokenising are CPU work: done together off
         the event loop, they also fill the per-message token cache that every estimate below reads."""
-        assert call.messages is not None
-        if len(call.body) <= LARGE_BODY_BYTES:
-            return hash_chain(call.messages, namespace)
+        if len(call.body) <= LARGE:
+            return hash_chain(call.messages or [], namespace)
 
         def work() -> list[str]:
             self._counter.count_request(call.payload)
             return hash_chain(call.messages or [], namespace)
 
-        return await asyncio.to_thread(work)
+        return await off_loop_if_large(len(call.body), work)
 
     async def _react(self, journey: Journey, first: Attempt, stack: AsyncExitStack) -> Attempt:
         """Compact and retry exactly once; the first answer stands if that does not produce a better one."""

@@ -12,6 +12,7 @@ from typing import Any, Protocol, TypeVar
 
 from proxy import budget
 from proxy.messages import Message, content_text, is_tool_result
+from proxy.offload import off_loop_if_large
 from proxy.summary import StructuredSummary, summary_text
 from proxy.templates import Templates, default_templates
 from proxy.tokens import TokenCounter
@@ -228,7 +229,9 @@ async def _summarize_in_chunks(run: _Run, history: list[Message]) -> str:
     if len(history) < 2:
         raise SummarizerError("a single message does not fit the summariser's context window")
     records = [format_message_for_compacting(message) for message in history]
-    chunks = [history[group] for group in run.token_groups(records, run.templates.chunk_instruction(1, 2))]
+    groups = await off_loop_if_large(sum(map(len, records)), run.token_groups, records,
+                                     run.templates.chunk_instruction(1, 2))
+    chunks = [history[group] for group in groups]
     if len(chunks) < 2:  # the whole history just overflowed: resending it would only overflow again
         chunks = list(_halves(history))
     partials: list[str] = []
@@ -266,7 +269,8 @@ async def _merge(run: _Run, partials: list[str]) -> str:
     """The raw reply merging `partials`; groups that do not fit are merged first (a tree), oldest first."""
     messages: list[Message] = [{"role": "user", "content": text} for text in partials]
     instruction = run.templates.merge_instruction(len(partials))
-    groups = run.token_groups([format_message_for_compacting(message) for message in messages], instruction)
+    records = [format_message_for_compacting(message) for message in messages]
+    groups = await off_loop_if_large(sum(map(len, records)), run.token_groups, records, instruction)
     if 1 < len(groups) < len(partials):
         return await _merge(run, [await _merged_text(run, partials[group]) for group in groups])
     try:
