@@ -16,12 +16,12 @@ from proxy.compactor import Compactor
 from proxy.config import Settings
 from proxy.discovery import WindowSource
 from proxy.metrics import Metrics
-from proxy.middleware import openai_errors, require_proxy_key
+from proxy.middleware import count_requests, openai_errors, require_proxy_key
 from proxy.model_client import ModelClient
 from proxy.paths import refuse_escaping_paths
 from proxy.pipeline import ChatPipeline
 from proxy.request_body import close_unread_bodies
-from proxy.server_timeouts import GuardedAppRunner
+from proxy.server_timeouts import REFUSED_BODY_LINGER, GuardedAppRunner
 from proxy.store import open_store
 from proxy.templates import Templates
 from proxy.tokens import TokenCounter
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings) -> web.Application:
     # Paths first: an escaping path is refused before anything (auth included) looks at the request.
-    middlewares: list[Middleware] = [refuse_escaping_paths, close_unread_bodies, openai_errors]
+    middlewares: list[Middleware] = [count_requests, refuse_escaping_paths, close_unread_bodies, openai_errors]
     if settings.server.api_keys:
         middlewares.append(require_proxy_key([key.get_secret_value() for key in settings.server.api_keys]))
     app = web.Application(client_max_size=settings.server.max_body_bytes, middlewares=middlewares)
@@ -56,10 +56,11 @@ async def _upstream_and_pipeline(app: web.Application) -> AsyncIterator[None]:
     counter = TokenCounter()
     store = open_store(settings.store)
     async with create_session(settings.upstream) as session:
-        count_error = app[METRICS].upstream_errors_counter()
-        upstream = Upstream(session, settings.upstream, count_error)
+        count_error, timing = app[METRICS].upstream_errors_counter(), app[METRICS].upstream_latency()
+        upstream = Upstream(session, settings.upstream, count_error, timing)
         summarizer_config = settings.compaction.summarizer
-        summarizer_upstream = Upstream(session, summarizer_config.upstream, count_error) if summarizer_config.upstream \
+        summarizer_upstream = Upstream(session, summarizer_config.upstream, count_error, timing) \
+            if summarizer_config.upstream \
             else upstream
         windows = ContextWindows(settings, {"chat": WindowSource.of(session, upstream),
                                             "summarizer": WindowSource.of(session, summarizer_upstream)})
@@ -106,7 +107,7 @@ async def start_server(settings: Settings, *, host: str | None = None, port: int
         header_timeout=limits.header_timeout, keepalive_timeout=limits.keepalive_timeout,
         # Bodies are inflated by proxy.request_body, bounded and in steps; aiohttp would inflate them on the loop,
         # whole, even after the request was refused.
-        auto_decompress=False)
+        auto_decompress=False, lingering_time=REFUSED_BODY_LINGER)
     await runner.setup()
     bind_host = host if host is not None else settings.server.host
     site = web.TCPSite(runner, bind_host, settings.server.port if port is None else port)

@@ -128,7 +128,9 @@ class Compactor:
             self._metrics.store_errors.labels("lookup").inc()
             return plain
         if record is None or apply_replacement(original, record.replacement, record.prefix_len) is None:
+            self._metrics.reuse_lookups.labels("miss").inc()
             return plain
+        self._metrics.reuse_lookups.labels("hit").inc()
         return Conversation(original, chain, namespace, record)
 
     def plan(self, conversation: Conversation, limits: Limits, *, model: str,
@@ -239,6 +241,8 @@ class Compactor:
     def _account(self, job: _Job, summary: Summary, record: CompactedPrefix, *, seconds: float) -> None:
         self._metrics.compactions.labels(job.trigger).inc()
         self._metrics.compaction_seconds.observe(seconds)
+        self._metrics.compaction_tokens.labels("before").observe(record.tokens_before)
+        self._metrics.compaction_tokens.labels("after").observe(record.tokens_after)
         self._count_calls(summary.calls, summary.usage, "ok")
         log.info(json.dumps({**job.log_fields(), "event": "compaction", "messages_before": record.prefix_len,
                              "messages_after": len(record.replacement), "tokens_before": record.tokens_before,
@@ -250,6 +254,7 @@ class Compactor:
 
     def _account_failure(self, job: _Job, error: SummarizerError, seconds: float) -> None:
         self._metrics.compaction_failures.labels(job.trigger, type(error).__name__).inc()
+        self._metrics.compaction_seconds.observe(seconds)
         self._count_calls(max(error.calls, 1), error.usage, "error")
         log.warning(json.dumps({**job.log_fields(), "event": "compaction_failed", "error": type(error).__name__,
                                 "summarizer_calls": error.calls,

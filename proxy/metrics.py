@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -36,9 +36,32 @@ class Metrics:
             "compaction_proxy_upstream_errors", "Requests the upstream could not answer", ["kind"],
             registry=self.registry)
 
+        self.requests = Counter(
+            "compaction_proxy_requests", "Requests answered, by route, status and what compaction did",
+            ["route", "status", "compaction"], registry=self.registry)
+        self.open_streams = Gauge(
+            "compaction_proxy_open_streams", "Streamed answers being relayed right now", registry=self.registry)
+        self.reuse_lookups = Counter(
+            "compaction_proxy_reuse_lookups", "Stored-summary lookups, by result (hit or miss)", ["result"],
+            registry=self.registry)
+        self.overflow_errors = Counter(
+            "compaction_proxy_overflow_errors", "Context-overflow answers seen from the upstream, by attempt",
+            ["attempt"], registry=self.registry)
+        self.compaction_tokens = Histogram(
+            "compaction_proxy_compaction_tokens", "Tokens of the summarised prefix before and after a compaction",
+            ["stage"], registry=self.registry,
+            buckets=(256, 1024, 4096, 16384, 65536, 262144, 1048576))
+        self.upstream_seconds = Histogram(
+            "compaction_proxy_upstream_response_seconds", "Time until the upstream's response headers arrived",
+            registry=self.registry, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+
     def upstream_errors_counter(self) -> Callable[[str], None]:
         """A callback for the upstream client: one failure of a kind ("timeout", "unreachable") counted."""
         return lambda kind: self.upstream_errors.labels(kind).inc()
+
+    def upstream_latency(self) -> Callable[[float], None]:
+        """A callback for the upstream client: seconds until one response's headers arrived."""
+        return self.upstream_seconds.observe
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from proxy.appkeys import METRICS
 from proxy.credentials import presented_key
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized, openai_error_body
 from proxy.fingerprint import HASH_ERRORS
@@ -18,10 +19,37 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+COMPACTION_OUTCOMES = frozenset({"none", "proactive", "reactive", "reused", "failed"})
 
 
 def error_response(error: ProxyError) -> web.Response:
     return web.json_response(error.body(), status=error.status)
+
+
+def route_of(path: str) -> str:
+    """A bounded label for a path: clients choose paths, metrics must not grow with them."""
+    if path == "/v1/chat/completions":
+        return "chat"
+    if path.startswith("/v1/"):
+        return "passthrough"
+    return path.strip("/") if path in _OPEN_PATHS else "other"
+
+
+@web.middleware
+async def count_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every answer counted by route, status and what compaction did (outermost, so refusals count too)."""
+    metrics = request.app.get(METRICS)
+    try:
+        response = await handler(request)
+    except BaseException:
+        if metrics is not None:
+            metrics.requests.labels(route_of(request.path), "500", "none").inc()
+        raise
+    if metrics is not None:
+        compaction = response.headers.get("x-compaction", "none")
+        compaction = compaction if compaction in COMPACTION_OUTCOMES else "none"  # an upstream may send anything
+        metrics.requests.labels(route_of(request.path), str(response.status), compaction).inc()
+    return response
 
 
 @web.middleware

@@ -104,6 +104,8 @@ class ChatPipeline:
         if call.mode == "force" or budget.over_threshold(journey.limits, self._estimate(journey)):
             await self._compact(journey, "proactive")
         attempt = await self._send(journey, stack)
+        if attempt.overflow:
+            self._metrics.overflow_errors.labels("first").inc()
         if attempt.overflow or (attempt.empty_stream and budget.near_window(journey.limits, self._estimate(journey))):
             attempt = await self._react(journey, attempt, stack)
         return self._finish(call, attempt, self._headers(journey), hide_usage=self._inject_usage(call),
@@ -139,6 +141,8 @@ class ChatPipeline:
         except ProxyError as error:
             log.warning("retry after compaction failed: %s", error.message)
             retry = None
+        if retry is not None and retry.overflow:
+            self._metrics.overflow_errors.labels("retry").inc()
         if retry is None or retry.overflow or retry.empty_stream:
             journey.failed = True
             return first

@@ -9,6 +9,7 @@ from contextvars import ContextVar
 from aiohttp import web
 
 from proxy.answer import Answer
+from proxy.appkeys import METRICS
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,9 @@ async def deliver(request: web.Request, answer: Answer) -> web.StreamResponse:
     response = web.StreamResponse(status=answer.status, reason=answer.reason, headers=answer.headers)
     await response.prepare(request)
     _started.set(response)
+    metrics = request.app.get(METRICS)
+    if metrics is not None:
+        metrics.open_streams.inc()
     try:
         async for chunk in answer.chunks:
             if chunk:
@@ -35,6 +39,9 @@ async def deliver(request: web.Request, answer: Answer) -> web.StreamResponse:
         await response.write_eof()
     except Exception as error:  # noqa: BLE001  # anything at all: the status line is out, an error cannot follow
         abandon(request, error)
+    finally:
+        if metrics is not None:
+            metrics.open_streams.dec()
     return response
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -12,7 +14,10 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.config import UpstreamConfig
+from proxy.credentials import PROXY_KEY_HEADER
 from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
+from proxy.fingerprint import HASH_ERRORS
+from proxy.upstream_pool import SAFE_METHODS, ReuseCheckingConnector, UpstreamResponse, never_written
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +28,10 @@ HOP_BY_HOP = frozenset({
 })
 _RECOMPUTED_ON_REQUEST = frozenset({"host", "content-length", "content-encoding", "accept-encoding"})
 _RECOMPUTED_ON_RESPONSE = frozenset({"content-length", "content-encoding"})
+# A header only the proxy reads, so it never leaves in any configuration.
+_DROPPED_ON_REQUEST = _RECOMPUTED_ON_REQUEST | {PROXY_KEY_HEADER}
+# Headers a client may carry a key in: none of them may take one of the proxy's own keys upstream.
+_KEY_CARRIERS = frozenset({"authorization", "x-api-key", "api-key"})
 # Only encodings aiohttp decodes without optional packages, so every body the proxy sees is readable.
 ACCEPT_ENCODING = "gzip, deflate"
 
@@ -47,9 +56,33 @@ def _without(headers: Mapping[str, str], dropped: frozenset[str]) -> CIMultiDict
     return kept
 
 
-def request_headers(client_headers: Mapping[str, str], api_key: str | None) -> CIMultiDict[str]:
-    """Headers to send upstream: end-to-end headers kept, the configured key replacing the client's."""
-    headers = _without(client_headers, _RECOMPUTED_ON_REQUEST)
+def _carries_one_of(name: str, value: str, keys: Collection[bytes]) -> bool:
+    """True when a credential header holds one of `keys`, bare or as a bearer token."""
+    if name.lower() not in _KEY_CARRIERS:
+        return False
+    scheme, _, token = value.strip().partition(" ")
+    candidates = {value.strip(), token.strip() if scheme.lower() == "bearer" else ""} - {""}
+    # Every key is compared (in constant time), so how long this takes says nothing about which key matched.
+    return any([hmac.compare_digest(candidate.encode("utf-8", HASH_ERRORS), key)
+                for candidate in candidates for key in keys])
+
+
+def _withholding(headers: CIMultiDict[str], withheld_keys: Collection[str]) -> CIMultiDict[str]:
+    if not withheld_keys:
+        return headers
+    keys = [key.encode("utf-8", HASH_ERRORS) for key in withheld_keys]
+    kept: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        if not _carries_one_of(name, value, keys):
+            kept.add(name, value)
+    return kept
+
+
+def request_headers(client_headers: Mapping[str, str], api_key: str | None,
+                    withheld_keys: Collection[str] = ()) -> CIMultiDict[str]:
+    """Headers to send upstream: end-to-end headers kept, the proxy's own keys (`withheld_keys`, and the
+    x-proxy-api-key header) removed from whichever header carried them, the configured key replacing the client's."""
+    headers = _withholding(_without(client_headers, _DROPPED_ON_REQUEST), withheld_keys)
     headers["Accept-Encoding"] = ACCEPT_ENCODING
     if api_key:
         headers.popall("x-api-key", None)
@@ -81,13 +114,17 @@ class Upstream:
     """Sends requests to one base URL over a shared session; maps failures to proxy errors."""
 
     def __init__(self, session: aiohttp.ClientSession, config: UpstreamConfig,
-                 on_error: Callable[[str], None] | None = None) -> None:
+                 on_error: Callable[[str], None] | None = None,
+                 on_latency: Callable[[float], None] | None = None) -> None:
         self._session = session
         self._on_error = on_error
+        self._on_latency = on_latency
         self.config = config
         self._api_key = config.api_key.get_secret_value() if config.api_key else None
+        # `connect` bounds getting a connection: queueing for a free one in a saturated pool, then connecting.
         self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=config.connect_timeout, sock_read=config.idle_timeout)
+            total=None, connect=config.pool_timeout + config.connect_timeout, sock_connect=config.connect_timeout,
+            sock_read=config.idle_timeout)
 
     def url_for(self, path: str, query: str = "") -> URL:
         text = self.config.base_url + path + (f"?{query}" if query else "")
@@ -106,10 +143,13 @@ class Upstream:
     @asynccontextmanager
     async def open(self, request: UpstreamRequest) -> AsyncIterator[aiohttp.ClientResponse]:
         """The upstream response with headers read; the connection is closed if the caller leaves early."""
+        started = time.monotonic()
         try:
             response = await self._request(request)
         except (TimeoutError, aiohttp.ClientError) as error:
             raise self.translate(error, "before answering") from error
+        if self._on_latency is not None:
+            self._on_latency(time.monotonic() - started)
         try:
             yield response
         finally:
@@ -117,20 +157,28 @@ class Upstream:
                 response.close()
 
     async def _request(self, request: UpstreamRequest) -> aiohttp.ClientResponse:
-        headers = request_headers(request.headers, self._api_key)
+        headers = request_headers(request.headers, self._api_key, self.config.withheld_keys)
         for attempt in range(2):
             try:
                 return await self._session.request(
                     request.method, self.url_for(request.path, request.query), headers=headers,
                     data=request.body if request.body else None, timeout=self._timeout,
                     allow_redirects=False, compress=False)
+            except aiohttp.ConnectionTimeoutError as error:
+                if self._on_error is not None:
+                    self._on_error("timeout")
+                raise UpstreamTimeout(
+                    f"no upstream connection within {self.config.pool_timeout + self.config.connect_timeout:g}s "
+                    f"(all {self.config.max_connections} in use, or connecting is slow)") from error
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as error:
-                # A pooled keep-alive connection the server had already closed (disconnect, reset or broken pipe
-                # on write): nothing was answered, so one more try on a fresh connection is safe. Failing to
-                # connect at all, or failing twice, is a real failure.
-                if attempt or isinstance(error, aiohttp.ClientConnectorError):
+                # The connection failed before an answer. Once any byte of a POST may have reached the upstream,
+                # a second try could run a paid completion twice: only a safe method, or a request provably never
+                # written, goes again (dead pooled connections are discarded unused: see proxy.upstream_pool).
+                if attempt or isinstance(error, aiohttp.ClientConnectorError) or \
+                        not (request.method.upper() in SAFE_METHODS or never_written(error)):
                     raise
-                log.info("upstream closed a pooled connection; retrying on a new one")
+                log.info("upstream connection failed before %s %s was answered; retrying on a new one",
+                         request.method, request.path)
         raise AssertionError("unreachable")
 
     async def read_body(self, response: aiohttp.ClientResponse) -> bytes:
@@ -150,7 +198,8 @@ class Upstream:
 
 
 def create_session(config: UpstreamConfig) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=config.max_connections,
-                                     ttl_dns_cache=300)
+    connector = ReuseCheckingConnector(limit=config.max_connections, limit_per_host=config.max_connections,
+                                       ttl_dns_cache=300)
     return aiohttp.ClientSession(connector=connector, auto_decompress=True, trust_env=False,
-                                 cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=("User-Agent",))
+                                 cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=("User-Agent",),
+                                 response_class=UpstreamResponse)

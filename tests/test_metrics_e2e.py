@@ -47,3 +47,40 @@ async def test_upstream_failures_are_counted(make_proxy: ProxyFactory) -> None:
         await client.models.list()
     metrics = await scrape(proxy.url)
     assert metrics['compaction_proxy_upstream_errors_total{kind="unreachable"}'] == 3
+
+
+async def test_metrics_parse_and_match_what_happened(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    model = WindowedModel(window=8192)
+    fake.chat_hook = model
+    proxy = await make_proxy(compaction_config(background=False))
+    client = async_client(proxy.url)
+    await client.chat.completions.create(model="fake-small", messages=big_history(1))
+    compacted = await client.chat.completions.with_raw_response.create(model="fake-small", messages=big_history(30))
+    assert compacted.headers["x-compaction"] == "proactive"
+    reused = await client.chat.completions.with_raw_response.create(model="fake-small", messages=big_history(30))
+    assert reused.headers["x-compaction"] == "reused"
+    stream = await client.chat.completions.create(model="fake-small", messages=big_history(1), stream=True)
+    async for _ in stream:
+        pass
+    await client.models.list()
+    async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/metrics") as response:
+        text = await response.text()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def value(name: str, **labels: str) -> float:
+        return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    assert value("compaction_proxy_requests_total", route="chat", status="200", compaction="none") == 2
+    assert value("compaction_proxy_requests_total", route="chat", status="200", compaction="proactive") == 1
+    assert value("compaction_proxy_requests_total", route="chat", status="200", compaction="reused") == 1
+    assert value("compaction_proxy_requests_total", route="passthrough", status="200", compaction="none") == 1
+    assert value("compaction_proxy_open_streams") == 0
+    assert value("compaction_proxy_compactions_total", trigger="proactive") == 1
+    assert value("compaction_proxy_reuse_lookups_total", result="hit") == 1
+    assert value("compaction_proxy_reuse_lookups_total", result="miss") == 3
+    upstream_calls = len(model.received) + 1  # every chat and summariser call, and the models listing
+    assert value("compaction_proxy_upstream_response_seconds_count") == upstream_calls
+    assert value("compaction_proxy_compaction_tokens_count", stage="before") == 1
