@@ -16,7 +16,7 @@ from proxy.fingerprint import dumps_iteratively
 from proxy.messages import Message
 
 MODE_HEADER = "x-compaction-mode"
-MODES = ("off", "auto", "force")
+MODES = ("off", "auto", "force", "shadow")
 # A real chat request nests < 20 levels (body > messages > message > content parts > image_url), a tool schema a
 # few dozen more. 128 leaves room for deep schemas while staying far below what anything downstream can take:
 # orjson encodes at most 254 levels, Python's json and every recursive walk fail near 1000.
@@ -183,8 +183,9 @@ class ChatCall:
         payload = decode_body(body)
         if not isinstance(payload, dict):
             raise BadRequest("request body must be a JSON object")
-        mode = headers.get(MODE_HEADER, "auto").strip().lower()
-        if mode not in MODES:
+        # No header: the configured mode applies (the pipeline knows it).
+        mode = headers.get(MODE_HEADER, "").strip().lower()
+        if mode and mode not in MODES:
             raise BadRequest(f"{MODE_HEADER} must be one of {', '.join(MODES)}", param=MODE_HEADER)
         forwarded = CIMultiDict(headers)
         forwarded.popall(MODE_HEADER, None)

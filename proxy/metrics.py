@@ -55,6 +55,13 @@ class Metrics:
             "compaction_proxy_upstream_response_seconds", "Time until the upstream's response headers arrived",
             registry=self.registry, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
 
+        self.shadow_decisions = Counter(
+            "compaction_proxy_shadow_decisions", "What compaction would have done in shadow mode", ["decision"],
+            registry=self.registry)
+        self.shadow_saved_tokens = Counter(
+            "compaction_proxy_shadow_saved_tokens", "Prompt tokens compaction would have saved in shadow mode",
+            registry=self.registry)
+
     def upstream_errors_counter(self) -> Callable[[str], None]:
         """A callback for the upstream client: one failure of a kind ("timeout", "unreachable") counted."""
         return lambda kind: self.upstream_errors.labels(kind).inc()

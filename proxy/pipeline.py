@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -71,7 +72,13 @@ class ChatPipeline:
                 attempt = await send(self._upstream, stack, query=call.query, headers=call.headers, body=call.body)
                 yield self._finish(call, attempt, {"x-compaction": "none"}, hide_usage=False)
                 return
+            if self._mode(call) == "shadow":
+                yield await self._shadow(call, stack)
+                return
             yield await self._journey(call, stack)
+
+    def _mode(self, call: ChatCall) -> str:
+        return call.mode or self._settings.compaction.mode
 
     async def close(self) -> None:
         for task in list(self._background):
@@ -80,7 +87,7 @@ class ChatPipeline:
 
     def _compactable(self, call: ChatCall) -> bool:
         settings = self._settings
-        return (settings.compaction.enabled and call.mode != "off" and call.messages is not None
+        return (settings.compaction.enabled and self._mode(call) != "off" and call.messages is not None
                 and not settings.model_for(call.model).manages_own_context
                 and not any(name in call.payload for name in SELF_MANAGED_FIELDS))
 
@@ -101,7 +108,7 @@ class ChatPipeline:
         await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
                                     headers=call.headers)
         journey = Journey(call, conversation, self._limits(call), trigger="reused" if conversation.record else "none")
-        if call.mode == "force" or budget.over_threshold(journey.limits, self._estimate(journey)):
+        if self._mode(call) == "force" or budget.over_threshold(journey.limits, self._estimate(journey)):
             await self._compact(journey, "proactive")
         attempt = await self._send(journey, stack)
         if attempt.overflow:
@@ -110,6 +117,37 @@ class ChatPipeline:
             attempt = await self._react(journey, attempt, stack)
         return self._finish(call, attempt, self._headers(journey), hide_usage=self._inject_usage(call),
                             journey=journey)
+
+    async def _shadow(self, call: ChatCall, stack: AsyncExitStack) -> Answer:
+        """Decide as the real journey would, report it, and forward the request exactly as the client sent it."""
+        namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
+        conversation = await self._compactor.reuse(call.messages or [], await self._fingerprint(call, namespace),
+                                                   namespace)
+        await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
+                                    headers=call.headers)
+        journey = Journey(call, conversation, self._limits(call))
+        before = self._estimate(journey)
+        decision = "reused" if conversation.record else "none"
+        if budget.over_threshold(journey.limits, before):
+            decision = "proactive"
+        attempt = await send(self._upstream, stack, query=call.query, headers=call.headers, body=call.body)
+        if attempt.overflow:
+            self._metrics.overflow_errors.labels("first").inc()
+            decision = "reactive"
+            journey.limits = replace(journey.limits, window=min(journey.limits.window, before + journey.limits.reserve))
+        headers = {"x-compaction": "none", "x-compaction-shadow": decision}
+        plan = self._compactor.plan(conversation, journey.limits, model=call.model, overhead=self._overhead(call)) \
+            if decision in ("proactive", "reactive") else None
+        if plan is not None and plan.worthwhile(self._compactor.filler_tokens):
+            saved = plan.span_tokens - plan.kept_system_tokens - plan.kept_user_tokens - plan.summary_tokens \
+                - self._compactor.filler_tokens
+            headers["x-compaction-shadow-tokens-before"] = str(before)
+            headers["x-compaction-shadow-tokens-after"] = str(before - saved)
+            self._metrics.shadow_saved_tokens.inc(saved)
+        self._metrics.shadow_decisions.labels(decision).inc()
+        log.info(json.dumps({"event": "compaction_shadow", "decision": decision, "tokens_before": before,
+                             **(plan.as_log() if plan is not None else {})}))
+        return self._finish(call, attempt, headers, hide_usage=False)
 
     async def _fingerprint(self, call: ChatCall, namespace: str) -> list[str]:
         """The history's hash chain. On a large history, hashing and tokenising are CPU work: done together off
@@ -159,7 +197,7 @@ class ChatPipeline:
         outcome = await self._compactor.compact(journey.conversation, journey.limits, model=journey.call.model,
                                                 trigger=trigger, headers=journey.call.headers,
                                                 overhead=self._overhead(journey.call),
-                                                force=journey.call.mode == "force")
+                                                force=self._mode(journey.call) == "force")
         if outcome.record is not None:
             journey.conversation = Conversation(journey.conversation.original, journey.conversation.chain,
                                                 journey.conversation.namespace, outcome.record)
