@@ -72,6 +72,7 @@ async def _upstream_and_pipeline(app: web.Application) -> AsyncIterator[None]:
                 summarizer_upstream, name, headers, max_output_tokens=max_tokens,
                 context_window=windows.window(name, "summarizer"), timeout=summarizer_config.timeout,
                 output_field=summarizer_config.output_limit_field, temperature=summarizer_config.temperature,
+                structured_output=summarizer_config.structured_output,
                 estimate=lambda messages: calibration.adjust(name, counter.count_messages(messages)))
 
         compactor = Compactor(settings, store, counter, templates, app[METRICS], summarizer_model, calibration)

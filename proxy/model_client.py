@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -11,8 +12,11 @@ from proxy import budget
 from proxy.errors import ProxyError
 from proxy.offload import off_loop_if_large
 from proxy.overflow import detect_context_overflow
+from proxy.structured_output import Format, FormatMemory, Mode, memory_for, refuses, response_format
 from proxy.summarizer import SummarizerError, SummarizerOverflow
 from proxy.upstream import Upstream, UpstreamRequest
+
+log = logging.getLogger(__name__)
 
 # Only what identifies the caller travels with a summariser request; nothing else of the client's request does.
 CREDENTIAL_HEADERS = ("authorization", "x-api-key", "openai-organization", "openai-project", "api-key")
@@ -29,7 +33,8 @@ class ModelClient:
 
     def __init__(self, upstream: Upstream, model: str, headers: Mapping[str, str], *, max_output_tokens: int,
                  context_window: int | None, timeout: float, estimate: Callable[[list[dict[str, Any]]], int],
-                 output_field: str = "max_tokens", temperature: float | None = None) -> None:
+                 output_field: str = "max_tokens", temperature: float | None = None,
+                 structured_output: Mode = "auto", formats: FormatMemory | None = None) -> None:
         self._upstream = upstream
         self.model = model
         self._headers = {**credential_headers(headers), "Content-Type": "application/json"}
@@ -39,6 +44,11 @@ class ModelClient:
         self._output_field = output_field
         self._estimate = estimate
         self._temperature = temperature
+        self._mode: Mode = structured_output
+        # Shared by every client of this upstream unless given: what one summary learns, the next one knows.
+        self._formats = formats if formats is not None else memory_for(upstream)
+        self._key = (upstream.config.base_url, model)
+        self._last_format: Format | None = None
 
     def output_limit(self, messages: list[dict[str, Any]]) -> int:
         """The output budget left once the prompt is in; servers reject prompt + max_tokens over the window."""
@@ -47,30 +57,73 @@ class ModelClient:
             raise SummarizerOverflow("the summariser's prompt leaves no room for a summary")
         return room
 
-    def _request(self, sent: list[dict[str, Any]]) -> UpstreamRequest:
+    def _request(self, sent: list[dict[str, Any]], kind: Format | None) -> UpstreamRequest:
         """The summariser request: counting its prompt for the output limit is the costly part on a long one."""
-        payload = {"model": self.model, "messages": sent, "stream": False,
-                   self._output_field: self.output_limit(sent)}
+        payload: dict[str, Any] = {"model": self.model, "messages": sent, "stream": False,
+                                   self._output_field: self.output_limit(sent)}
         if self._temperature is not None:
             payload["temperature"] = self._temperature
+        if kind is not None:
+            payload["response_format"] = response_format(kind)
         return UpstreamRequest("POST", "/chat/completions", "", self._headers, json.dumps(payload).encode())
 
     async def complete(self, system: str, messages: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
         sent = [{"role": "system", "content": system}, *messages]
-        request = await off_loop_if_large(len(system), self._request, sent)
-        try:
-            async with asyncio.timeout(self._timeout):
-                async with self._upstream.open(request) as response:
-                    status, body = response.status, await self._upstream.read_body(response)
-        except TimeoutError as error:
-            raise SummarizerError(f"the summariser took longer than {self._timeout:g}s") from error
-        except ProxyError as error:
-            raise SummarizerError(f"the summariser could not be reached: {error.message}") from error
+        status, body = await self._constrained_or_plain(sent, len(system))
         if detect_context_overflow(status, body):
             raise SummarizerOverflow(f"the summariser's prompt did not fit (status {status})")
         if not 200 <= status < 300:
             raise SummarizerError(f"the summariser answered status {status}")
         return _first_choice(body)
+
+    def reply_parsed(self, parsed: bool) -> None:
+        """The summariser's verdict on the last reply: in `auto`, plain replies of this upstream and model that
+        keep failing to parse move it to constrained output (the reply under a schema is bare JSON)."""
+        if self._mode == "auto" and self._last_format is None and self._formats.note_plain_reply(self._key, parsed):
+            log.info("summariser %s at %s: its replies keep failing to parse; asking for the summary schema "
+                     "through response_format from now on", self.model, self._key[0])
+
+    async def _constrained_or_plain(self, sent: list[dict[str, Any]], size: int) -> tuple[int, bytes]:
+        """(status, body) of the first answer that is not a refusal of its format; the plain request last.
+
+        A refused format is remembered and never sent again to this upstream and model, so each refusal costs
+        one extra request, once. When the server fails the next request the same way (5xx) even so, the
+        refusals are taken back: the server was down, not unwilling.
+        """
+        refused: list[Format] = []
+        for kind in (*self._formats.formats(self._mode, self._key), None):
+            try:
+                status, body = await self._send(await off_loop_if_large(size, self._request, sent, kind))
+            except SummarizerError:
+                self._forgive(refused)
+                raise
+            if kind is None or detect_context_overflow(status, body) or \
+                    not refuses(status, body, accepted_before=self._formats.accepted_before(self._key, kind)):
+                break  # an overflow says nothing about the format: the ladder shrinks the prompt and asks again
+            self._formats.refuse(self._key, kind)
+            refused.append(kind)
+            log.info("summariser %s at %s refused response_format %s (status %d); not sending it again",
+                     self.model, self._key[0], kind, status)
+        if status >= 500:
+            self._forgive(refused)
+        elif kind is not None and 200 <= status < 300:
+            self._formats.accept(self._key, kind)
+        self._last_format = kind
+        return status, body
+
+    def _forgive(self, refused: list[Format]) -> None:
+        for kind in refused:
+            self._formats.forgive(self._key, kind)
+
+    async def _send(self, request: UpstreamRequest) -> tuple[int, bytes]:
+        try:
+            async with asyncio.timeout(self._timeout):
+                async with self._upstream.open(request) as response:
+                    return response.status, await self._upstream.read_body(response)
+        except TimeoutError as error:
+            raise SummarizerError(f"the summariser took longer than {self._timeout:g}s") from error
+        except ProxyError as error:
+            raise SummarizerError(f"the summariser could not be reached: {error.message}") from error
 
 
 def _first_choice(body: bytes) -> tuple[dict[str, Any], dict[str, Any]]:

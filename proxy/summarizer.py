@@ -45,7 +45,8 @@ class SummaryTruncated(SummarizerError):
 
 
 class ChatModel(Protocol):
-    """A chat model for summaries. It may also carry `context_window: int | None` to plan chunks by tokens."""
+    """A chat model for summaries. It may also carry `context_window: int | None` to plan chunks by tokens, and
+    `reply_parsed(parsed: bool)`, told after each accepted reply whether it parsed as a structured summary."""
 
     async def complete(self, system: str, messages: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(assistant message, usage); the message carries the choice's `finish_reason` when there was one."""
@@ -168,7 +169,14 @@ class _Run:
             raise SummaryTruncated("summariser reply was cut off by the output limit")
         if not text.strip():
             raise SummarizerError("summariser reply is empty")
+        self._report_parse(text)
         return text
+
+    def _report_parse(self, text: str) -> None:
+        # A model that may ask for structured output (proxy.model_client) learns from whether its replies parse.
+        report = getattr(self.model, "reply_parsed", None)
+        if callable(report):
+            report(StructuredSummary.parse(text) is not None)
 
     def _add_usage(self, usage: Any, system: str, messages: list[Message], text: str) -> None:
         reported = usage if isinstance(usage, dict) else {}

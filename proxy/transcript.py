@@ -93,7 +93,7 @@ def _part_text(part: Any, *, text_only: bool) -> str | None:
     if not isinstance(part, dict):
         return _scalar_text(part)
     kind = part.get("type")
-    if kind in _REASONING_PART_TYPES:
+    if isinstance(kind, str) and kind in _REASONING_PART_TYPES:  # a client may send any JSON as a part's type
         return None
     text = part.get("text")
     if isinstance(text, str):
@@ -170,11 +170,11 @@ def compact_arguments(arguments: Any) -> str:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # a string's own nesting is not bounded by the body's
             return INVALID_JSON
     try:
         return json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return INVALID_JSON
 
 
