@@ -10,12 +10,18 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from proxy import __version__
 from proxy.app import start_server
-from proxy.config import ConfigError, Settings, load_settings
+from proxy.config import ConfigError, Settings, load_settings, open_relay_problem
+from proxy.log_filters import install as install_redaction
+from proxy.log_filters import mask_url
+from proxy.log_limits import install as install_repeat_limits
 
 log = logging.getLogger("proxy")
+# Soft open-files limit asked for when the hard limit is unlimited (macOS refuses more than its kernel maximum).
+OPEN_FILES_WHEN_UNLIMITED = 10240
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,21 +37,65 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_config(path: Path) -> int:
+def check_config(path: Path, host: str | None = None) -> int:
     try:
         settings = load_settings(path)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 1
-    # SecretStr fields dump as '**********', so printing the resolved tree is safe.
-    print(json.dumps(settings.model_dump(mode="json"), indent=2))
+    problem = open_relay_problem(settings, host)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 1
+    # SecretStr fields dump as '**********' and URL passwords are masked, so printing the resolved tree is safe.
+    print(json.dumps(_masked(settings.model_dump(mode="json")), indent=2))
     return 0
 
 
+def _masked(tree: Any) -> Any:
+    """A dumped config with every URL's password masked (upstream, summariser upstream, store)."""
+    if isinstance(tree, dict):
+        return {key: _masked(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_masked(value) for value in tree]
+    return mask_url(tree) if isinstance(tree, str) else tree
+
+
+def configure_logging(settings: Settings) -> None:
+    """stderr at the configured level, with credentials redacted from every record (aiohttp's included)."""
+    logging.basicConfig(level=settings.logging.level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    install_redaction()
+    # After redaction, so a "suppressed N similar" line quotes an already redacted message.
+    install_repeat_limits()
+
+
+def raise_open_files_limit() -> None:
+    """The soft open-files limit up to the hard one, logged: every client and upstream connection holds a
+    descriptor, and at the common soft limit of 1,024 a thousand idle sockets would take the proxy offline."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # An unlimited hard limit (macOS) still caps the soft one at the kernel's per-process maximum.
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, OPEN_FILES_WHEN_UNLIMITED)
+    if wanted > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as error:
+            log.warning("open files limit stays at %d: raising it to %d failed (%s)", soft, wanted, error)
+            return
+        log.info("open files limit raised from %d to %d", soft, wanted)
+    else:
+        log.info("open files limit %d (hard limit %s)", soft, "unlimited" if hard == resource.RLIM_INFINITY else hard)
+
+
 async def serve(settings: Settings, host: str | None, port: int | None) -> None:
+    raise_open_files_limit()
     server = await start_server(settings, host=host, port=port)
     log.info("compaction-proxy %s listening on %s, upstream %s", __version__, server.url,
-             settings.upstream.base_url)
+             mask_url(settings.upstream.base_url))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -60,14 +110,17 @@ async def serve(settings: Settings, host: str | None, port: int | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
-        return check_config(args.path)
+        return check_config(args.path, args.host)
     try:
         settings = load_settings(args.config)
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 1
-    logging.basicConfig(level=settings.logging.level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    problem = open_relay_problem(settings, args.host)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 1
+    configure_logging(settings)
     asyncio.run(serve(settings, args.host, args.port))
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import os
@@ -11,7 +12,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +46,20 @@ class ServerConfig(_Frozen):
     max_body_bytes: int = Field(64 * MIB, gt=0)
     api_keys: tuple[SecretStr, ...] = ()
     tenant_header: str | None = None
+    # Seconds a client may take to send a complete request head, from connecting or from its first byte.
+    header_timeout: float = Field(10.0, gt=0)
+    # Seconds an idle keep-alive connection stays open between requests.
+    keepalive_timeout: float = Field(75.0, gt=0)
+    # Seconds the whole request body may take to arrive; a stalled upload is dropped, its memory freed.
+    body_timeout: float = Field(60.0, gt=0)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        # `api_keys: ${PROXY_API_KEYS:-}` takes every key from one variable; unset or empty means none.
+        if isinstance(value, str):
+            return tuple(key.strip() for key in value.split(",")) if value.strip() else ()
+        return value
 
     @field_validator("api_keys")
     @classmethod
@@ -51,9 +76,24 @@ class UpstreamConfig(_Frozen):
     connect_timeout: float = Field(10.0, gt=0)
     idle_timeout: float = Field(300.0, gt=0)
     max_connections: int = Field(1000, ge=1)
+    # Seconds a request may queue for a free connection when all max_connections are busy (connecting aside).
+    pool_timeout: float = Field(5.0, gt=0)
     # Ask the upstream for its models' context windows (vLLM, llama.cpp, LiteLLM, OpenRouter say so).
     discover_windows: bool = True
     discovery_ttl_seconds: float = Field(default=3600.0, gt=0)
+    # The proxy's own access keys (server.api_keys), never to be sent to this upstream. Not a config key:
+    # Settings copies them here, so every client of this upstream (chat, summariser, discovery) withholds them.
+    _withheld_keys: tuple[SecretStr, ...] = PrivateAttr(default=())
+
+    @property
+    def withheld_keys(self) -> tuple[str, ...]:
+        return tuple(key.get_secret_value() for key in self._withheld_keys)
+
+    def withholding(self, keys: tuple[SecretStr, ...]) -> UpstreamConfig:
+        """A copy that withholds `keys` from the upstream."""
+        copy = self.model_copy()
+        copy._withheld_keys = keys
+        return copy
 
     @field_validator("api_key", mode="before")
     @classmethod
@@ -81,10 +121,15 @@ class SummarizerConfig(_Frozen):
     timeout: float = Field(180.0, gt=0)
     # Calls one summary may make (the tool-result ladder, chunks and merges together).
     max_calls: int = Field(32, ge=1)
+    # Ask for the summary schema through response_format. `auto` does so only for a model whose plain replies
+    # keep failing to parse: constrained replies kept fewer facts in the benchmark (proxy.structured_output).
+    structured_output: Literal["auto", "json_schema", "json_object", "off"] = "auto"
 
 
 class CompactionConfig(_Frozen):
     enabled: bool = True
+    # shadow: decide and report (headers, log line, metrics) but forward every request unchanged.
+    mode: Literal["auto", "shadow"] = "auto"
     threshold: float = Field(DEFAULT_THRESHOLD, ge=0)
     target: float = Field(0.5, gt=0, lt=1)
     reserved_output_tokens: int = Field(1024, ge=0)
@@ -111,17 +156,61 @@ class ModelConfig(_Frozen):
     manages_own_context: bool = False
 
 
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
 class StoreConfig(_Frozen):
-    kind: Literal["memory", "sqlite"] = "memory"
+    kind: Literal["memory", "sqlite", "redis"] = "memory"
     path: Path | None = None
+    # A secret, since it may carry a password (redis://user:password@host:6379/0); dumps masked.
+    url: SecretStr | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    key_prefix: str = Field("compaction-proxy:", max_length=200)
     ttl_seconds: float = Field(7 * 24 * 3600, gt=0)
     max_entries: int = Field(10000, ge=1)
+    # The memory store's bound in bytes of stored records, beside max_entries: one summary can be large.
+    max_bytes: int = Field(64 * MIB, ge=1)
+    max_value_bytes: int = Field(MIB, gt=0)
+    # A summary's cross-replica lock lives this long unless its holder renews it (every third of it).
+    lock_ttl_seconds: float = Field(30.0, ge=0.05)
+    # Socket connect/read timeout: an unreachable Redis must cost a request this much at most, once.
+    timeout_seconds: float = Field(1.0, gt=0)
+
+    @field_validator("url", "password", mode="before")
+    @classmethod
+    def _blank_secret_is_none(cls, value: Any) -> Any:
+        # `${REDIS_PASSWORD:-}` with the variable unset means "no password".
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("username", mode="before")
+    @classmethod
+    def _blank_username_is_none(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith(_REDIS_SCHEMES):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
 
     @model_validator(mode="after")
-    def _sqlite_needs_path(self) -> StoreConfig:
+    def _kind_has_its_location(self) -> StoreConfig:
         if self.kind == "sqlite" and self.path is None:
             raise ValueError("kind 'sqlite' needs a path")
+        if self.kind == "redis" and self.url is None:
+            raise ValueError("kind 'redis' needs a url (is an environment variable unset?)")
+        if self.password is not None and self.url is not None and _url_has_password(self.url.get_secret_value()):
+            raise ValueError("give the redis password in the url or in password, not both")
         return self
+
+
+def _url_has_password(url: str) -> bool:
+    """True when a redis URL carries a password, in its authority (user:password@) or as ?password=."""
+    authority = url.partition("://")[2].partition("/")[0]
+    query = url.partition("?")[2]
+    return ":" in authority.rpartition("@")[0] or any(part.startswith("password=") for part in query.split("&"))
 
 
 class LoggingConfig(_Frozen):
@@ -134,11 +223,27 @@ def _default_models() -> dict[str, ModelConfig]:
 
 class Settings(_Frozen):
     server: ServerConfig = ServerConfig()
-    upstream: UpstreamConfig = UpstreamConfig()
-    compaction: CompactionConfig = CompactionConfig()
+    # Validated even when defaulted, so the proxy keys reach every upstream config (see _withhold_proxy_keys).
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig, validate_default=True)
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig, validate_default=True)
     models: dict[str, ModelConfig] = Field(default_factory=_default_models)
     store: StoreConfig = StoreConfig()
     logging: LoggingConfig = LoggingConfig()
+
+    @field_validator("upstream")
+    @classmethod
+    def _withhold_proxy_keys(cls, upstream: UpstreamConfig, info: ValidationInfo) -> UpstreamConfig:
+        return _withholding_proxy_keys(upstream, info)
+
+    @field_validator("compaction")
+    @classmethod
+    def _withhold_proxy_keys_from_summaries(cls, compaction: CompactionConfig, info: ValidationInfo) \
+            -> CompactionConfig:
+        summarizer = compaction.summarizer
+        if summarizer.upstream is None:
+            return compaction  # summaries go through `upstream`, which withholds them already
+        upstream = _withholding_proxy_keys(summarizer.upstream, info)
+        return compaction.model_copy(update={"summarizer": summarizer.model_copy(update={"upstream": upstream})})
 
     @field_validator("models")
     @classmethod
@@ -148,6 +253,45 @@ class Settings(_Frozen):
     def model_for(self, name: str | None) -> ModelConfig:
         """Per-model facts: an exact entry, else `default`."""
         return self.models.get(name or "", self.models["default"])
+
+
+def _withholding_proxy_keys(upstream: UpstreamConfig, info: ValidationInfo) -> UpstreamConfig:
+    # `server` is declared before the fields that call this, so it is validated (or failed) already.
+    server = info.data.get("server")
+    return upstream.withholding(server.api_keys) if isinstance(server, ServerConfig) and server.api_keys else upstream
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach: 127.0.0.0/8, ::1 (also v4-mapped) and localhost."""
+    name = host.strip().strip("[]").rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
+
+
+def open_relay_problem(settings: Settings, host: str | None = None) -> str | None:
+    """Why serving `settings` on `host` (default server.host) would hand the operator's key to anyone, or None.
+
+    An upstream key with no proxy keys lets every caller spend that key; on loopback only local users can.
+    """
+    if settings.server.api_keys:
+        return None
+    keyed = [name for name, upstream in (("upstream.api_key", settings.upstream),
+                                         ("compaction.summarizer.upstream.api_key",
+                                          settings.compaction.summarizer.upstream))
+             if upstream is not None and upstream.api_key is not None]
+    listen = settings.server.host if host is None else host
+    if not keyed or is_loopback(listen):
+        return None
+    return (f"refusing to start as an open relay: {' and '.join(keyed)} is set, server.api_keys is empty and "
+            f"the proxy listens on {listen!r}, beyond loopback, so anyone who can reach it would spend that key. "
+            "Set server.api_keys (e.g. api_keys: ${PROXY_API_KEYS} with PROXY_API_KEYS=key1,key2), or listen on "
+            "127.0.0.1, or leave the upstream key unset so each client sends its own.")
 
 
 def interpolate_env(value: Any, env: Mapping[str, str]) -> Any:

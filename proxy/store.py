@@ -6,7 +6,9 @@ import asyncio
 import functools
 import json
 import logging
+import os
 import sqlite3
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -24,6 +26,11 @@ Clock = Callable[[], float]
 # Older SQLite builds cap bound parameters at 999; one slot goes to the namespace, one to the clock.
 _SQLITE_CHUNK = 900
 _PURGE_INTERVAL_SECONDS = 60.0
+# Bytes counted for one memory entry beyond its record's JSON: the key tuple, the entry tuple, the dict slot.
+_ENTRY_OVERHEAD_BYTES = 200
+# Records hold system prompts verbatim: only the proxy's own user may read them.
+_PRIVATE_FILE, _PRIVATE_DIRECTORY = 0o600, 0o700
+_SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
 
 
 @dataclass(frozen=True)
@@ -112,26 +119,41 @@ class SummaryStore(Protocol):
 
 
 class MemoryStore:
-    """A bounded LRU of records with a TTL, local to one process."""
+    """A bounded LRU of records with a TTL, local to one process: at most max_entries, and max_bytes in all."""
 
-    def __init__(self, max_entries: int, ttl_seconds: float, clock: Clock = time.monotonic) -> None:
-        if max_entries < 1 or ttl_seconds <= 0:
-            raise ValueError("max_entries must be at least 1 and ttl_seconds positive")
+    def __init__(self, max_entries: int, ttl_seconds: float, clock: Clock = time.monotonic,
+                 max_bytes: int = 64 * 1024 * 1024) -> None:
+        if max_entries < 1 or ttl_seconds <= 0 or max_bytes < 1:
+            raise ValueError("max_entries and max_bytes must be at least 1 and ttl_seconds positive")
         self._max_entries = max_entries
+        self.max_bytes = max_bytes
         self._ttl = ttl_seconds
         self._clock = clock
-        self._entries: OrderedDict[tuple[str, str], tuple[CompactedPrefix, float]] = OrderedDict()
+        # key -> (record, expires_at, size in bytes)
+        self._entries: OrderedDict[tuple[str, str], tuple[CompactedPrefix, float, int]] = OrderedDict()
+        self.total_bytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @staticmethod
+    def size_of(namespace: str, record: CompactedPrefix) -> int:
+        """What one entry is charged: its record's UTF-8 JSON plus its key and a fixed overhead."""
+        text = record.to_json() + namespace + record.prefix_hash
+        return len(text.encode("utf-8", "surrogatepass")) + _ENTRY_OVERHEAD_BYTES
+
+    def _remove(self, key: tuple[str, str]) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.total_bytes -= entry[2]
 
     def _lookup(self, key: tuple[str, str]) -> CompactedPrefix | None:
         entry = self._entries.get(key)
         if entry is None:
             return None
-        record, expires_at = entry
+        record, expires_at, _ = entry
         if self._clock() >= expires_at:
-            del self._entries[key]
+            self._remove(key)
             return None
         self._entries.move_to_end(key)
         return record
@@ -141,10 +163,16 @@ class MemoryStore:
 
     async def put(self, namespace: str, record: CompactedPrefix) -> None:
         key = (namespace, record.prefix_hash)
-        self._entries[key] = (record, self._clock() + self._ttl)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self._max_entries:
-            self._entries.popitem(last=False)
+        size = self.size_of(namespace, record)
+        self._remove(key)
+        if size > self.max_bytes:
+            # Keeping it would evict everything else and still not fit; the summary is only not reusable.
+            log.warning("not keeping a summary of %d bytes: store.max_bytes is %d", size, self.max_bytes)
+            return
+        self._entries[key] = (record, self._clock() + self._ttl, size)
+        self.total_bytes += size
+        while len(self._entries) > self._max_entries or self.total_bytes > self.max_bytes:
+            self._remove(next(iter(self._entries)))
 
     async def longest_match(self, namespace: str, chain: Sequence[str]) -> CompactedPrefix | None:
         for prefix_hash in reversed(chain):
@@ -170,7 +198,31 @@ CREATE TABLE IF NOT EXISTS summaries (
     PRIMARY KEY (namespace, prefix_hash)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS summaries_expiry ON summaries (expires_at);
+CREATE TABLE IF NOT EXISTS health (id INTEGER PRIMARY KEY, checked_at REAL NOT NULL);
 """
+
+
+def _create_private(path: Path) -> tuple[int, int]:
+    """Create the store file and its missing directories for the owner only, tighten an existing file, and return
+    the file's identity (device, inode) so a deleted or replaced file is noticed later."""
+    for directory in reversed([parent for parent in path.parents if not parent.exists()]):
+        directory.mkdir(mode=_PRIVATE_DIRECTORY, exist_ok=True)
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, _PRIVATE_FILE)
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            raise IsADirectoryError(f"{path} is not a regular file")
+        if stat.S_IMODE(status.st_mode) & ~_PRIVATE_FILE:
+            os.fchmod(descriptor, _PRIVATE_FILE)
+        identity = (status.st_dev, status.st_ino)
+    finally:
+        os.close(descriptor)
+    for suffix in _SQLITE_SIDECARS:
+        # SQLite gives new sidecars the database's mode; ones left by an older, laxer run are tightened.
+        sidecar = path.with_name(path.name + suffix)
+        if sidecar.exists() and stat.S_IMODE(sidecar.stat().st_mode) & ~_PRIVATE_FILE:
+            sidecar.chmod(_PRIVATE_FILE)
+    return identity
 
 
 class SqliteStore:
@@ -184,15 +236,17 @@ class SqliteStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._connection: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None
         self._closed = False
         self._last_purge = float("-inf")
+        self._writable = True
 
     def _connect(self) -> sqlite3.Connection:
         """The shared connection, opened on first use; the caller holds the lock."""
         if self._closed:
             raise RuntimeError("the summary store is closed")
         if self._connection is None:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._identity = _create_private(self._path)
             connection = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
             try:
                 connection.execute("PRAGMA journal_mode=WAL")
@@ -265,11 +319,26 @@ class SqliteStore:
                 return best
         return None
 
+    def _probe(self, connection: sqlite3.Connection) -> None:
+        """Raise unless the store would keep a record now: its file is still the one open, and takes a commit."""
+        try:
+            status = os.stat(self._path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self._path} was deleted") from None
+        if (status.st_dev, status.st_ino) != self._identity:
+            raise FileNotFoundError(f"{self._path} was replaced")
+        # A committed write, not a read or a rolled-back one: only a commit meets a full disk or a read-only mount.
+        connection.execute("INSERT OR REPLACE INTO health (id, checked_at) VALUES (1, ?)", (self._clock(),))
+
     async def ping(self) -> bool:
         try:
-            await self._run(lambda connection: connection.execute("SELECT 1").fetchone())
-        except (sqlite3.Error, OSError, RuntimeError):
+            await self._run(self._probe)
+        except (sqlite3.Error, OSError, RuntimeError) as error:
+            if self._writable:
+                log.warning("the summary store at %s cannot take writes: %s", self._path, error)
+            self._writable = False
             return False
+        self._writable = True
         return True
 
     async def close(self) -> None:
@@ -283,10 +352,17 @@ class SqliteStore:
         await asyncio.to_thread(shut)
 
 
-def open_store(config: StoreConfig) -> SummaryStore:
-    """The store a config names; opening is lazy, so a bad path shows up in ping() rather than here."""
+def open_store(config: StoreConfig, on_error: Callable[[str], None] | None = None,
+               on_health: Callable[[bool], None] | None = None) -> SummaryStore:
+    """The store a config names; opening is lazy, so a bad path or an absent Redis shows up in ping() rather
+    than here. `on_error(operation)` and `on_health(up)` report a shared store's failures (Redis catches its own)."""
+    if config.kind == "redis":
+        # Imported here: redis_store imports this module, and memory or sqlite users need not load redis-py.
+        from proxy.redis_store import RedisStore
+
+        return RedisStore.from_config(config, on_error=on_error, on_health=on_health)
     if config.kind == "sqlite":
         if config.path is None:
             raise ValueError("a sqlite store needs a path")
         return SqliteStore(config.path, config.ttl_seconds)
-    return MemoryStore(config.max_entries, config.ttl_seconds)
+    return MemoryStore(config.max_entries, config.ttl_seconds, max_bytes=config.max_bytes)

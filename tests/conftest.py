@@ -13,6 +13,7 @@ from proxy.config import Settings, settings_from_mapping
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
 
 ProxyFactory = Callable[..., Awaitable[RunningServer]]
+pytest_plugins = ["tests.secrets_scan"]  # fails the run if a key or password reaches a log or store
 
 
 def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

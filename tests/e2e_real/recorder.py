@@ -89,7 +89,7 @@ class Exchange:
         return value if isinstance(value, int) else None
 
 
-def with_seed(body: bytes, request: dict[str, Any]) -> bytes | None:
+def with_seed(request: dict[str, Any]) -> bytes | None:
     """The body with the suite's sampling seed added, for a completion request that names none; else None.
 
     The proxy has no setting for a summariser seed, and llama-cpp-python's server seeds a request without one
@@ -133,7 +133,7 @@ class Recorder:
         body = await request.read()
         exchange = Exchange(request.path, _json_or_empty(body), time.monotonic())
         self.exchanges.append(exchange)
-        if request.path.endswith("/completions") and (seeded := with_seed(body, exchange.request)) is not None:
+        if request.path.endswith("/completions") and (seeded := with_seed(exchange.request)) is not None:
             body, exchange.seeded = seeded, True
         headers = {name: value for name, value in request.headers.items() if name.lower() not in HOP_BY_HOP}
         try:

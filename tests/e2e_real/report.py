@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 from collections.abc import Sequence
 
@@ -23,7 +25,8 @@ def estimate_ratios(exchanges: Sequence[Exchange]) -> list[float]:
 
 def header_ratios(turns: Sequence[TurnResult], answered: Sequence[Exchange]) -> list[float]:
     """x-compaction-tokens-after (the proxy's calibrated estimate of what it sent) over the server's count."""
-    pairs = zip(turns, answered) if len(turns) == len(answered) else zip(turns[-1:], answered[-1:])
+    pairs = zip(turns, answered, strict=True) if len(turns) == len(answered) \
+        else zip(turns[-1:], answered[-1:], strict=False)
     return [turn.tokens_after / exchange.prompt_tokens for turn, exchange in pairs
             if turn.tokens_after is not None and exchange.prompt_tokens]
 
@@ -54,6 +57,23 @@ def summariser_lines(recorder: Recorder) -> list[str]:
     return lines
 
 
+def reply_text(exchange: Exchange) -> str:
+    """What the server answered, streamed or not."""
+    if exchange.answer is not None:
+        return "".join(str((choice.get("message") or {}).get("content") or "")
+                       for choice in exchange.answer.get("choices") or ())
+    return "".join(str((choice.get("delta") or {}).get("content") or "")
+                   for event in exchange.events for choice in event.get("choices") or ())
+
+
+def replies_digest(recorder: Recorder) -> str:
+    """One short hash of every request the server got and its reply, in any arrival order: equal in two runs
+    exactly when the server was asked and answered the same, which is what a repeatable run shows."""
+    pairs = sorted(json.dumps([exchange.request, exchange.status, reply_text(exchange), exchange.finish_reason],
+                              sort_keys=True) for exchange in recorder.exchanges if exchange.is_chat)
+    return hashlib.sha256("\n".join(pairs).encode()).hexdigest()[:16]
+
+
 def print_report(title: str, turns: Sequence[TurnResult], recorder: Recorder, *, full_history_tokens: int,
                  n_ctx: int) -> None:
     answered = [exchange for exchange in recorder.chats() if exchange.answered]
@@ -69,7 +89,8 @@ def print_report(title: str, turns: Sequence[TurnResult], recorder: Recorder, *,
              f"summariser latency: {_spread([call.seconds for call in summaries], 's')}",
              f"server prompt tokens per turn: {_spread([float(e.prompt_tokens or 0) for e in answered])}",
              f"raw estimate / server prompt tokens: {_spread(estimate_ratios(answered))}",
-             f"x-compaction-tokens-after / server prompt tokens: {_spread(header_ratios(turns, answered))}"]
+             f"x-compaction-tokens-after / server prompt tokens: {_spread(header_ratios(turns, answered))}",
+             f"requests and replies digest: {replies_digest(recorder)}"]
     if compacted:
         shrink = [turn.tokens_after / turn.tokens_before for turn in compacted
                   if turn.tokens_before and turn.tokens_after is not None]

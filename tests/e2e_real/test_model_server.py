@@ -16,6 +16,7 @@ from tests.e2e_real.model_server import (
     INSTALL_HINT,
     MODEL_FILE,
     REPO_ROOT,
+    SEED,
     LlamaServer,
     ModelServerError,
     find_llama_python,
@@ -111,14 +112,17 @@ def test_python_that_imports_the_server_is_used(tmp_path: Path) -> None:
     assert find_llama_python({"LLAMA_PYTHON": str(python)}) == str(python)
 
 
-@pytest.mark.parametrize(("chat_format", "expected_tail"), [(None, ["1234"]), ("chatml", ["--chat_format", "chatml"])])
+@pytest.mark.parametrize(("chat_format", "expected_tail"),
+                         [(None, [str(SEED)]), ("chatml", ["--chat_format", "chatml"])])
 def test_server_command(chat_format: str | None, expected_tail: list[str]) -> None:
     command = server_command("/py", Path("/m.gguf"), 8123, 2048, chat_format)
     assert command[:3] == ["/py", "-m", "llama_cpp.server"]
     for flag, value in [("--model", "/m.gguf"), ("--n_ctx", "2048"), ("--port", "8123"), ("--host", "127.0.0.1"),
-                        ("--seed", "1234")]:
+                        ("--seed", str(SEED))]:
         assert command[command.index(flag) + 1] == value
     assert command[-len(expected_tail):] == expected_tail
+    # The prompt cache keeps ~100 MB a request, restores other requests' sampling seeds, and took the server down.
+    assert "--cache" not in command
 
 
 @pytest.mark.parametrize(("messages", "expected"), [

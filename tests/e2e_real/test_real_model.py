@@ -50,10 +50,12 @@ class RigFactory(Protocol):
 def proxy_config(upstream: str, n_ctx: int, compaction: dict[str, Any]) -> dict[str, Any]:
     return {"upstream": {"base_url": upstream, "idle_timeout": 600},
             "models": {"default": {"context_window": n_ctx}},
-            # No summariser temperature: at 0 this 135M model loops until its output limit, and a cut-off reply is
-            # never accepted as a summary; its default sampling ends its summaries.
+            # Greedy summaries, like the chat turns (conversation.py): every reply is a function of its request, so
+            # a run repeats whatever ran before it, with no sampling seed involved. A cut-off reply is never
+            # accepted as a summary; asked the one-sentence question of prompts/, this 135M model ends its reply
+            # within 40 tokens, where a summary in five sentences made it loop to the limit (see compaction.md).
             "compaction": {"threshold": 0.8, "target": 0.5, "tail_budget": 0.25, "prompts_dir": str(PROMPTS_DIR),
-                           "summarizer": {"timeout": 300}, **compaction}}
+                           "summarizer": {"timeout": 300, "temperature": 0}, **compaction}}
 
 
 @pytest.fixture
@@ -92,6 +94,14 @@ def assert_fits(exchange: Exchange, n_ctx: int) -> None:
     if exchange.streamed:
         assert exchange.events, "an empty 200 stream is how this server says the prompt was too long"
     assert exchange.finish_reason in ANSWERED
+
+
+def assert_summaries_complete(rig: Rig) -> None:
+    """Every summary the proxy asked for was answered in full: a reply cut off by its output limit is no summary,
+    and the turn that needed it would carry `x-compaction: failed`."""
+    summaries = rig.recorder.summaries()
+    cut_off = [(call.completion_tokens, call.requested_output) for call in summaries if call.finish_reason != "stop"]
+    assert summaries and not cut_off, f"summariser replies cut off at their output limit: {cut_off}"
 
 
 def assert_turns_answered(turns: list[TurnResult]) -> None:
@@ -154,6 +164,7 @@ async def test_real_overflow_errors_trigger_reactive_compaction(start_rig: RigFa
     requests = [repr(call.request["messages"]) for call in rig.recorder.summaries()]
     assert requests and len(set(requests)) == len(requests), "the same summary was asked for twice"
     assert all(call.status == 200 for call in rig.recorder.summaries())
+    assert_summaries_complete(rig)
 
 
 async def test_real_empty_overflow_stream_triggers_reactive_compaction(start_rig: RigFactory) -> None:
@@ -183,6 +194,7 @@ async def test_long_conversation_completes_every_turn(start_rig: RigFactory, str
                  n_ctx=rig.server.n_ctx, full_history_tokens=total)
     print(f"summaries built, by trigger: {triggers}")
     assert total > times_window * rig.server.n_ctx
+    assert_summaries_complete(rig)
     assert_turns_answered(results)
     assert_forwarded_conversations(rig, results, history)
     for exchange in rig.recorder.chats() + rig.recorder.summaries():

@@ -1,0 +1,94 @@
+"""A request-head deadline for aiohttp's server, which has keep-alive and lingering timeouts but no header timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_server import Server
+
+log = logging.getLogger(__name__)
+
+# Seconds a refused request's unread body is still read and thrown away (never inflated) before its connection
+# closes: a client still sending gets to read the refusal instead of a reset, a stalled one is let go. aiohttp
+# lingers 10 s by default.
+REFUSED_BODY_LINGER = 1.0
+
+
+class HeadDeadlineHandler(RequestHandler):
+    """aiohttp's connection handler, closing a connection whose request head is not complete in time.
+
+    The clock starts when the connection is made (a client that never sends a byte is dropped too) and, on a
+    kept-alive connection, at the first byte of the next request; idle time between requests is keep-alive's.
+    """
+
+    __slots__ = ("_armed_at_request", "_head_timer", "_header_timeout")
+
+    def __init__(self, manager: Server, *, header_timeout: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._header_timeout = header_timeout
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._armed_at_request = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if data and self._head_timer is None and self._awaiting_head():
+            self._arm()
+        super().data_received(data)
+        if self._head_timer is not None and self._request_count != self._armed_at_request:
+            self._disarm()  # the head is complete; the body has its own deadline
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _awaiting_head(self) -> bool:
+        # aiohttp's own idle test (see _process_keepalive): the serving loop waits for the next message.
+        waiter = self._waiter
+        return waiter is not None and not waiter.done()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._armed_at_request = self._request_count
+        self._head_timer = self._loop.call_later(self._header_timeout, self._head_overdue)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_overdue(self) -> None:
+        self._head_timer = None
+        if self._request_count == self._armed_at_request and not self._request_in_progress:
+            log.debug("closing a connection from %s: no complete request head within %gs", self.peername,
+                      self._header_timeout)
+            self.force_close()
+
+
+class _HeadDeadlineServer(Server):
+    """aiohttp's low-level server, making HeadDeadlineHandler connections (the kwargs carry header_timeout)."""
+
+    def __call__(self) -> RequestHandler:
+        return HeadDeadlineHandler(self, loop=self._loop, **self._kwargs)
+
+
+class GuardedAppRunner(web.AppRunner):
+    """web.AppRunner whose connections have a request-head deadline.
+
+    aiohttp builds its Server by class name inside Application._make_handler, so the server it returns is
+    re-classed to a subclass that only changes which handler each connection gets.
+    """
+
+    def __init__(self, app: web.Application, *, header_timeout: float, **kwargs: Any) -> None:
+        super().__init__(app, header_timeout=header_timeout, **kwargs)
+
+    async def _make_server(self) -> Server:
+        server = await super()._make_server()
+        server.__class__ = _HeadDeadlineServer
+        return server

@@ -1,0 +1,126 @@
+"""A throwaway redis-server on a free 127.0.0.1 port, run as a subprocess the tests start, kill and restart."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+READY_TIMEOUT_SECONDS = 10.0
+PASSWORD = "s3cret-Pa55word"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def redis_binary() -> str:
+    """The redis-server binary; a missing one skips the test here and fails it in CI (which installs it)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        message = "redis-server is not installed (apt-get install -y redis-server)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return binary
+
+
+class RedisServer:
+    """One redis-server process; no persistence, so a restart comes back empty (as a crashed cache does)."""
+
+    def __init__(self, directory: Path, *, password: str | None = None, user: tuple[str, str] | None = None) -> None:
+        self.directory = directory
+        self.password = password
+        self.user = user
+        self.port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The address without credentials."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _command(self) -> list[str]:
+        command = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--dir", str(self.directory), "--loglevel", "warning"]
+        if self.password:
+            command += ["--requirepass", self.password]
+        if self.user:
+            name, secret = self.user
+            command += ["--user", name, "on", f">{secret}", "~*", "&*", "+@all"]
+        return command
+
+    def start(self) -> None:
+        """Start on a free port (the first start) or on the same port again (a restart)."""
+        for _ in range(5):  # another process may take a free port before redis binds it
+            self.port = self.port or free_port()
+            log = (self.directory / "redis.log").open("ab")
+            self._process = subprocess.Popen(self._command(), stdout=log, stderr=subprocess.STDOUT)
+            log.close()
+            if self._wait_ready():
+                return
+            self.stop()
+            self.port = 0
+        raise RuntimeError(f"redis-server did not start; see {self.directory / 'redis.log'}")
+
+    def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if self._process is None or self._process.poll() is not None:
+                return False
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as connection:
+                    connection.sendall(b"PING\r\n")
+                    if connection.recv(64).startswith((b"+PONG", b"-NOAUTH")):
+                        return True
+            except OSError:
+                pass
+            time.sleep(0.02)
+        return False
+
+    def kill(self) -> None:
+        """Die as a crash does: SIGKILL, no goodbye to the clients."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGKILL)
+            self._process.wait(timeout=10)
+        self._process = None
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(timeout=10)
+        self._process = None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def secured_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path, password=PASSWORD, user=("proxy", PASSWORD + "-acl"))
+    server.start()
+    yield server
+    server.stop()

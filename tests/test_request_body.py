@@ -1,0 +1,215 @@
+"""Compressed request bodies: bounded by their inflated size, never inflated once refused, the loop kept free."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gzip
+import json
+import struct
+import time
+import tracemalloc
+import zlib
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import ProxyFactory
+from tests.fakes.openai_upstream import FakeUpstream
+
+MIB = 1024 * 1024
+LIMIT = 16 * MIB
+BOMBS = 3
+HEALTH_BUDGET = 0.1          # seconds /healthz may take while the bombs land
+CHAT_BODY = {"model": "fake-small", "messages": [{"role": "user", "content": "hello there"}]}
+
+
+@functools.cache
+def gzip_bomb(inflated_mib: int = 1024) -> bytes:
+    """A single-member gzip of `inflated_mib` MiB of zeros (about 1 KB per MiB), built without holding it inflated.
+
+    A full flush ends every block byte-aligned with no back-references, so one compressed MiB repeats verbatim.
+    """
+    block = bytes(MIB)
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    one_mib = compressor.compress(block) + compressor.flush(zlib.Z_FULL_FLUSH)
+    final = compressor.flush(zlib.Z_FINISH)
+    crc = 0
+    for _ in range(inflated_mib):
+        crc = zlib.crc32(block, crc)
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+    trailer = struct.pack("<II", crc, (inflated_mib * MIB) & 0xFFFFFFFF)
+    return header + one_mib * inflated_mib + final + trailer
+
+
+def posted(fake: FakeUpstream) -> list[bytes]:
+    """Bodies of the POSTs that reached the upstream (window discovery GETs aside)."""
+    return [request.body for request in fake.requests if request.method == "POST"]
+
+
+def allocated_mib() -> float:
+    return tracemalloc.get_traced_memory()[0] / MIB
+
+
+async def send_bomb(url: str, headers: dict[str, str]) -> int | str:
+    """POST the bomb on its own connection; the status, or the name of the transport error the client saw."""
+    async with aiohttp.ClientSession() as session:
+        try:
+            async with session.post(url, data=gzip_bomb(), headers={"Content-Encoding": "gzip", **headers},
+                                    timeout=aiohttp.ClientTimeout(total=30)) as response:
+                body = await response.json()
+                assert set(body["error"]) == {"message", "type", "param", "code"}
+                return response.status
+        except aiohttp.ClientError as error:
+            return type(error).__name__
+
+
+async def watch_health(url: str, stop: asyncio.Event, latencies: list[float]) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2000):  # bounded: at most ~2000 probes
+            started = time.monotonic()
+            async with session.get(f"{url}/healthz", timeout=aiohttp.ClientTimeout(total=30)) as response:
+                assert response.status == 200
+                await response.read()
+            latencies.append(time.monotonic() - started)
+            if stop.is_set():
+                return
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
+@pytest.mark.parametrize("with_key", [True, False], ids=["with-key", "without-key"])
+async def test_gzip_bombs_neither_block_the_loop_nor_inflate(path: str, with_key: bool, fake: FakeUpstream,
+                                                             make_proxy: ProxyFactory) -> None:
+    gzip_bomb()  # built before the clock starts, and before allocations are traced
+    proxy = await make_proxy({"server": {"api_keys": ["proxy-key"], "max_body_bytes": LIMIT}})
+    headers = {"Authorization": "Bearer proxy-key"} if with_key else {}
+    stop, latencies = asyncio.Event(), []
+    tracemalloc.start()
+    try:
+        before = allocated_mib()
+        watcher = asyncio.create_task(watch_health(proxy.url, stop, latencies))
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(send_bomb(f"{proxy.url}{path}", headers) for _ in range(BOMBS))), 60)
+        took = time.monotonic() - started
+        await asyncio.sleep(0.1)  # let anything left behind (a lingering drain) show in the probes
+        stop.set()
+        await asyncio.wait_for(watcher, 30)
+        peak = tracemalloc.get_traced_memory()[1] / MIB
+    finally:
+        tracemalloc.stop()
+    print(f"\n{path} key={with_key}: bombs {outcomes} in {took:.2f}s, /healthz max {max(latencies) * 1000:.0f} ms "
+          f"over {len(latencies)} probes, allocated {before:.0f} -> peak {peak:.0f} MiB")
+    assert outcomes == [413 if with_key else 401] * BOMBS
+    assert max(latencies) < HEALTH_BUDGET
+    # Each bomb holds at most the limit (and a bytearray's spare room), whatever it would inflate to.
+    assert peak - before < BOMBS * 1.25 * LIMIT / MIB
+    assert not posted(fake), "a refused body reached the upstream"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "x-gzip", "deflate", "raw-deflate", "identity"])
+async def test_compressed_bodies_are_inflated_before_forwarding(encoding: str, fake: FakeUpstream,
+                                                                make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy()
+    raw = json.dumps(CHAT_BODY).encode()
+    packed = {"gzip": gzip.compress, "x-gzip": gzip.compress, "deflate": zlib.compress,
+              "raw-deflate": lambda data: zlib.compress(data, wbits=-zlib.MAX_WBITS),
+              "identity": lambda data: data}[encoding](raw)
+    header = "deflate" if encoding == "raw-deflate" else encoding
+    async with aiohttp.ClientSession() as session:
+        for path in ("/v1/chat/completions", "/v1/echo/body"):
+            async with session.post(f"{proxy.url}{path}", data=packed, headers={
+                    "Content-Encoding": header, "Content-Type": "application/json"}) as response:
+                assert response.status == 200, await response.text()
+    assert posted(fake) == [raw, raw]
+    assert all("content-encoding" not in {name.lower() for name in request.headers} for request in fake.requests)
+
+
+async def test_two_gzip_members_are_one_body(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy()
+    raw = json.dumps(CHAT_BODY).encode()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{proxy.url}/v1/echo/members", data=gzip.compress(raw[:10]) + gzip.compress(raw[10:]),
+                                headers={"Content-Encoding": "gzip"}) as response:
+            assert response.status == 200
+    assert posted(fake) == [raw]
+
+
+@pytest.mark.parametrize(("encoding", "data", "status"), [
+    ("br", b"\x0b\x02\x80hello\x03", 415),
+    ("gzip, gzip", gzip.compress(gzip.compress(b"{}")), 415),
+    ("gzip", b"not gzip at all", 400),
+    ("gzip", gzip.compress(b'{"a": 1}')[:-6], 400),           # cut short: the stream never ends
+    ("deflate", zlib.compress(b"{}") + b"trailing", 400),
+])
+async def test_undecodable_bodies_are_clear_4xx(encoding: str, data: bytes, status: int, fake: FakeUpstream,
+                                                make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{proxy.url}/v1/echo/bad", data=data,
+                                headers={"Content-Encoding": encoding}) as response:
+            body: dict[str, Any] = await response.json()
+            assert response.status == status, body
+            assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert not posted(fake)
+
+
+async def test_inflated_size_at_the_limit_passes_and_one_byte_more_is_413(fake: FakeUpstream,
+                                                                         make_proxy: ProxyFactory) -> None:
+    limit = 256 * 1024
+    proxy = await make_proxy({"server": {"max_body_bytes": limit}})
+    async with aiohttp.ClientSession() as session:
+        for size, status in ((limit, 200), (limit + 1, 413)):
+            async with session.post(f"{proxy.url}/v1/echo/size", data=gzip.compress(b"x" * size),
+                                    headers={"Content-Encoding": "gzip"}) as response:
+                assert response.status == status
+                await response.read()
+    assert [len(body) for body in posted(fake)] == [limit]
+
+
+async def test_declared_length_over_the_limit_is_refused_before_reading(fake: FakeUpstream,
+                                                                       make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy({"server": {"max_body_bytes": 1024}})
+    host, port = proxy.host, proxy.port
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(b"POST /v1/echo/x HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 413")
+        assert b"connection: close" in head.lower()
+    finally:
+        writer.close()
+    assert not posted(fake)
+
+
+async def test_an_empty_body_with_a_content_encoding_is_just_empty(fake: FakeUpstream,
+                                                                   make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{proxy.url}/v1/echo/empty", data=b"",
+                                headers={"Content-Encoding": "gzip"}) as response:
+            assert response.status == 200
+    assert posted(fake) == [b""]
+
+
+async def test_a_refused_body_ends_its_connection_unread(make_proxy: ProxyFactory) -> None:
+    """401 before the body is read: the answer says Connection: close, and the connection ends within a second
+    although the client never finishes its upload (nothing waits for the rest, let alone inflates it)."""
+    proxy = await make_proxy({"server": {"api_keys": ["proxy-key"]}})
+    bomb = gzip_bomb()
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    try:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(bomb) + bomb[:65536])
+        await writer.drain()
+        started = time.monotonic()
+        answer = await asyncio.wait_for(reader.read(), 5)
+        took = time.monotonic() - started
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower()
+    assert took < 2, took
