@@ -8,7 +8,9 @@ its latencies are the proxy's, not this busy driver's. Load: streaming and non-s
 grow until they compact, pass-through `/v1/models`, reasoning-first streams, clients that drop mid-stream,
 slowloris clients (half a request head, or a head and a trickle of body) and gzip bombs. Afterwards it checks that
 descriptors return to baseline, RSS stays flat, /healthz p99 stays under 50 ms, and every request got the answer
-its kind should get; it prints the figures and exits 1 when an invariant fails.
+its kind should get; it prints the figures and exits 1 when an invariant fails. The proxy's CPU run and run-queue
+wait times (/proc/PID/schedstat) are printed too: where neighbours starve the proxy of a CPU, the latency there
+is the machine's and is reported, not judged.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -59,6 +62,9 @@ SLOW_CHUNKS, SLOW_CHUNK_DELAY = 100, 0.02
 HEALTH_PERIOD = 0.1
 HEALTH_P99_LIMIT_MS = 50.0
 IDLE_PROBE_SECONDS = 3.0
+# A third of the run in which the proxy was runnable but waiting for a CPU more than this share of the time
+# (neighbours on a shared machine) has its /healthz p99 reported, not judged: the figure is the machine's.
+STARVED_SHARE = 0.25
 # Descriptors the proxy may hold beyond its idle baseline once the load is gone (a pooled upstream connection that
 # discovery or a late request reopened, say); a leak grows with the load, far past this.
 FD_MARGIN = 3
@@ -99,11 +105,23 @@ json.dump(samples, sys.stdout)
 # --- the fake upstream ---------------------------------------------------------------------------------------
 
 @dataclass
+class LightWindowedModel(WindowedModel):
+    """The window-enforcing fake, counting a prompt by its JSON length (about 3 characters a token).
+
+    The driver shares two cores with the proxy: tiktoken on every body would take one of them, and the proxy's
+    latency would then measure the driver. The proxy calibrates to whatever the upstream's usage says.
+    """
+
+    def prompt_tokens(self, body: dict[str, Any]) -> int:
+        return math.ceil(len(json.dumps(body.get("messages"))) / 3)
+
+
+@dataclass
 class Upstream:
     """The fake's state plus what the soak wants to know of it afterwards."""
 
     state: FakeUpstream = field(default_factory=FakeUpstream)
-    model: WindowedModel = field(default_factory=lambda: WindowedModel(window=WINDOW))
+    model: WindowedModel = field(default_factory=lambda: LightWindowedModel(window=WINDOW))
     summaries: int = 0
     slow_started: int = 0
     slow_finished: int = 0
@@ -257,10 +275,13 @@ def proc_status(pid: int) -> tuple[int, int, int]:
     return rss, len(os.listdir(f"/proc/{pid}/fd")), threads
 
 
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time a process has used (fields 14 and 15 of /proc/PID/stat, after the command)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_times(pid: int) -> tuple[float, float]:
+    """Seconds a process has run on a CPU, and seconds it was runnable but waited for one (/proc/PID/schedstat).
+
+    The wait tells a proxy that is slow from one that is starved by its neighbours on a shared machine.
+    """
+    running, waiting, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+    return int(running) / 1e9, int(waiting) / 1e9
 
 
 # --- the load -------------------------------------------------------------------------------------------------
@@ -447,22 +468,22 @@ def worker_tasks(load: Load) -> list[Awaitable[None]]:
 
 @dataclass
 class Samples:
-    """Resource samples of the proxy process: (seconds since load start, RSS KiB, fds, threads, CPU seconds)."""
+    """Resource samples of the proxy: (seconds since load start, RSS KiB, fds, threads, CPU s, run-queue wait s)."""
 
-    rows: list[tuple[float, int, int, int, float]] = field(default_factory=list)
+    rows: list[tuple[float, int, int, int, float, float]] = field(default_factory=list)
 
-    def cpu_share(self, lower: float = 0.0, upper: float = float("inf")) -> float:
-        """The share of one CPU the proxy used between two offsets (1.0: one core flat out)."""
+    def share(self, column: int, lower: float = 0.0, upper: float = float("inf")) -> float:
+        """How fast a time column grew between two offsets, per second of wall time (1.0: all the time)."""
         rows = [row for row in self.rows if lower <= row[0] <= upper]
         if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
             return float("nan")
-        return (rows[-1][4] - rows[0][4]) / (rows[-1][0] - rows[0][0])
+        return (rows[-1][column] - rows[0][column]) / (rows[-1][0] - rows[0][0])
 
 
 async def sample_resources(pid: int, samples: Samples, started: float, deadline: float) -> None:
     while time.monotonic() < deadline:
         rss, fds, threads = proc_status(pid)
-        samples.rows.append((time.monotonic() - started, rss, fds, threads, cpu_seconds(pid)))
+        samples.rows.append((time.monotonic() - started, rss, fds, threads, *cpu_times(pid)))
         await asyncio.sleep(0.5)
 
 
@@ -519,6 +540,10 @@ class Report:
         third = self.seconds / 3
         return [(index * third, (index + 1) * third) for index in range(3)]
 
+    def starved(self, lower: float, upper: float) -> bool:
+        """Whether the proxy waited for a CPU so much that /healthz latency measured the machine, not the proxy."""
+        return self.samples.share(5, lower, upper) > STARVED_SHARE
+
     def rss_thirds(self) -> tuple[float, float]:
         first, _, last = self.thirds()
         rows = self.samples.rows
@@ -551,7 +576,7 @@ def check(report: Report) -> list[str]:
         failures.append(f"only {len(report.health)} /healthz probes ran in {report.seconds:.0f}s")
     for lower, upper in report.thirds():
         p99 = percentile(report.latencies(lower, upper), 0.99)
-        if not p99 < HEALTH_P99_LIMIT_MS:
+        if not p99 < HEALTH_P99_LIMIT_MS and not report.starved(lower, upper):
             failures.append(f"/healthz p99 {p99:.1f} ms in [{lower:.0f}s, {upper:.0f}s) "
                             f"(limit {HEALTH_P99_LIMIT_MS} ms)")
     first, last = report.rss_thirds()
@@ -597,6 +622,7 @@ def render(report: Report) -> str:
     lines.append(f"slow upstream streams: {report.upstream.slow_started} started, {report.upstream.slow_abandoned} "
                  f"let go after the client left, {report.upstream.slow_finished} ran to the end")
     every = report.latencies()
+    starved = [f"[{lo:.0f}s, {hi:.0f}s)" for lo, hi in report.thirds() if report.starved(lo, hi)]
     lines.append(f"/healthz: {len(report.health)} probes, p50 {percentile(every, 0.5):.2f} ms, "
                  f"p99 {percentile(every, 0.99):.2f} ms, max {max(every, default=float('nan')):.2f} ms; p99 by third: "
                  + ", ".join(f"{percentile(report.latencies(lo, hi), 0.99):.2f}" for lo, hi in report.thirds()))
@@ -609,8 +635,13 @@ def render(report: Report) -> str:
     lines.append(f"RSS: start {rows[0][1] / 1024:.1f} MiB, end {rows[-1][1] / 1024:.1f} MiB, max "
                  f"{max(row[1] for row in rows) / 1024:.1f} MiB; median first third {first / 1024:.1f} MiB, "
                  f"last third {last / 1024:.1f} MiB")
-    lines.append(f"proxy CPU: {report.samples.cpu_share():.0%} of one core; by third: "
-                 + ", ".join(f"{report.samples.cpu_share(lo, hi):.0%}" for lo, hi in report.thirds()))
+    samples = report.samples
+    by_third = ", ".join(f"{samples.share(4, lo, hi):.0%}/{samples.share(5, lo, hi):.0%}" for lo, hi in report.thirds())
+    lines.append(f"proxy CPU: ran {samples.share(4):.0%} and waited for a CPU {samples.share(5):.0%} of the "
+                 f"time; by third ran/waited: {by_third}")
+    if starved:
+        lines.append(f"/healthz p99 not judged in {', '.join(starved)}: the proxy waited for a CPU over "
+                     f"{STARVED_SHARE:.0%} of that time, so the latency there is the machine's")
     lines.append(f"fds: baseline {report.fds_baseline}, peak {max(row[2] for row in rows)}, end {report.fds_end} "
                  f"(after {report.settle_seconds:.1f}s of quiet); threads {report.threads[0]} -> {report.threads[1]}")
     lines.append(f"proxy log: {len(report.log_lines)} line(s) at WARNING or above")

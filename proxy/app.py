@@ -15,6 +15,7 @@ from proxy.calibration import Calibration
 from proxy.compactor import Compactor
 from proxy.config import Settings
 from proxy.discovery import WindowSource
+from proxy.flights import open_flights
 from proxy.metrics import Metrics
 from proxy.middleware import count_requests, openai_errors, require_proxy_key
 from proxy.model_client import ModelClient
@@ -54,7 +55,11 @@ async def _upstream_and_pipeline(app: web.Application) -> AsyncIterator[None]:
     templates = Templates(settings.compaction.prompts_dir)
     templates.preload()
     counter = TokenCounter()
-    store = open_store(settings.store)
+    count_store_error = app[METRICS].store_errors_counter()
+    store = open_store(settings.store, on_error=count_store_error)
+    # A waiter gives up on another replica's summary after the summariser's own deadline plus one lease expiry.
+    flights = open_flights(store, on_error=count_store_error,
+                           max_wait=settings.compaction.summarizer.timeout + settings.store.lock_ttl_seconds)
     async with create_session(settings.upstream) as session:
         count_error, timing = app[METRICS].upstream_errors_counter(), app[METRICS].upstream_latency()
         upstream = Upstream(session, settings.upstream, count_error, timing)
@@ -75,7 +80,8 @@ async def _upstream_and_pipeline(app: web.Application) -> AsyncIterator[None]:
                 structured_output=summarizer_config.structured_output,
                 estimate=lambda messages: calibration.adjust(name, counter.count_messages(messages)))
 
-        compactor = Compactor(settings, store, counter, templates, app[METRICS], summarizer_model, calibration)
+        compactor = Compactor(settings, store, counter, templates, app[METRICS], summarizer_model, calibration,
+                              flights)
         pipeline = ChatPipeline(settings, upstream, compactor, counter, calibration, windows, app[METRICS])
         app[UPSTREAM], app[STORE], app[PIPELINE] = upstream, store, pipeline
         try:

@@ -17,10 +17,10 @@ from proxy.backoff import Backoff, shrink
 from proxy.budget import Limits
 from proxy.calibration import Calibration
 from proxy.config import Settings
+from proxy.flights import Flights, LocalFlights, RemoteFailure
 from proxy.messages import Message, is_instruction, is_user, role
 from proxy.metrics import Metrics
 from proxy.plan import Plan, apply_replacement, plan_compaction, replacement
-from proxy.single_flight import SingleFlight
 from proxy.store import CompactedPrefix, SummaryStore
 from proxy.summarizer import ChatModel, SummarizerError, Summary, summarize
 from proxy.templates import Templates
@@ -93,7 +93,8 @@ class Flight:
 
 class Compactor:
     def __init__(self, settings: Settings, store: SummaryStore, counter: TokenCounter, templates: Templates,
-                 metrics: Metrics, model_factory: ModelFactory, calibration: Calibration | None = None) -> None:
+                 metrics: Metrics, model_factory: ModelFactory, calibration: Calibration | None = None,
+                 flights: Flights | None = None) -> None:
         self._settings = settings
         self._calibration = calibration or Calibration()
         self._store = store
@@ -101,7 +102,7 @@ class Compactor:
         self._templates = templates
         self._metrics = metrics
         self._model_factory = model_factory
-        self._flights = SingleFlight()
+        self._flights = flights or LocalFlights(store, metrics.store_errors_counter())
         self._backoff = Backoff()
         self._fillers = (
             {"role": "assistant", "content": templates.continuation_note()},
@@ -120,7 +121,7 @@ class Compactor:
         plain = Conversation(original, chain, namespace)
         # A summary of this conversation may be on its way (built in the background after the last turn):
         # waiting for it beats building another one for a slightly longer prefix.
-        await self._flights.wait_for_any([f"{namespace}:{prefix}" for prefix in reversed(chain)])
+        await self._flights.wait_for_any(namespace, chain)
         try:
             record = await self._store.longest_match(namespace, chain)
         except Exception:  # a broken store must not break serving
@@ -159,7 +160,7 @@ class Compactor:
             return Outcome(None, begun)
         try:
             return Outcome(await asyncio.shield(begun.task), "compacted")
-        except SummarizerError as error:
+        except (SummarizerError, RemoteFailure) as error:
             log.warning("compaction failed (%s): %s", trigger, error)
             return Outcome(None, "failed")
 
@@ -177,8 +178,7 @@ class Compactor:
             return "not_smaller"
         prefix_len = conversation.original_index(plan.prefix_len)
         prefix_hash = conversation.chain[prefix_len - 1]
-        key = f"{conversation.namespace}:{prefix_hash}"
-        if (running := self._flights.running(key)) is not None:
+        if (running := self._flights.running(conversation.namespace, prefix_hash)) is not None:
             return Flight(running, prefix_len)
         decision = self._backoff.decide(conversation.backoff_key)
         if not decision.allowed:
@@ -189,20 +189,9 @@ class Compactor:
                    model=self._settings.compaction.summarizer.model or model, trigger=trigger, headers=headers,
                    summary_tokens=shrink(plan.summary_tokens, decision.level, MIN_RETRY_SUMMARY_TOKENS),
                    level=decision.level)
-
-        async def build() -> CompactedPrefix:
-            stored = await self._stored(conversation.namespace, prefix_hash)
-            return stored if stored is not None else await self._summarise(job)
-
-        return Flight(self._flights.start(key, build), prefix_len)
-
-    async def _stored(self, namespace: str, prefix_hash: str) -> CompactedPrefix | None:
-        try:
-            return await self._store.get(namespace, prefix_hash)
-        except Exception:
-            log.warning("summary store read failed", exc_info=True)
-            self._metrics.store_errors.labels("get").inc()
-            return None
+        # The flight looks for a stored record first, and stores what _summarise returns (fenced, across replicas).
+        return Flight(self._flights.start(conversation.namespace, prefix_hash, lambda: self._summarise(job)),
+                      prefix_len)
 
     async def _summarise(self, job: _Job) -> CompactedPrefix:
         started = time.monotonic()
@@ -221,16 +210,8 @@ class Compactor:
         tokens_after = sum(self._counter.count_message(m) for m in messages)
         record = CompactedPrefix(job.prefix_hash, job.prefix_len, tuple(messages),
                                  job.plan.tokens_before - job.plan.tail_tokens, tokens_after, job.model, time.time())
-        await self._put(job.namespace, record)
         self._account(job, summary, record, seconds=time.monotonic() - started)
         return record
-
-    async def _put(self, namespace: str, record: CompactedPrefix) -> None:
-        try:
-            await self._store.put(namespace, record)
-        except Exception:
-            log.warning("summary store write failed; the summary is used once", exc_info=True)
-            self._metrics.store_errors.labels("put").inc()
 
     def _count_calls(self, calls: int, usage: Mapping[str, int], result: str) -> None:
         metrics = self._metrics

@@ -44,10 +44,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    store_ok = await request.app[STORE].ping()
-    body = {"status": "ready" if store_ok else "degraded", "store": "ok" if store_ok else "unreachable",
-            "upstream": mask_url(request.app[SETTINGS].upstream.base_url)}  # /readyz is open: no passwords
-    return web.json_response(body, status=200 if store_ok else 503)
+    settings, store = request.app[SETTINGS], request.app[STORE]
+    store_ok = await store.ping()
+    body: dict[str, object] = {"status": "ready" if store_ok else "degraded",
+                               "store": "ok" if store_ok else "unreachable",
+                               "upstream": mask_url(settings.upstream.base_url)}  # /readyz is open: no passwords
+    status = getattr(store, "status", None)  # RedisStore: where it is, since when it is down, the last error
+    if callable(status):
+        body["store_detail"] = status()
+    # A shared store that is down costs reuse, not service: stay in the load balancer (200, "degraded").
+    serving = store_ok or settings.store.kind == "redis"
+    return web.json_response(body, status=200 if serving else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

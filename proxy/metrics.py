@@ -70,5 +70,9 @@ class Metrics:
         """A callback for the upstream client: seconds until one response's headers arrived."""
         return self.upstream_seconds.observe
 
+    def store_errors_counter(self) -> Callable[[str], None]:
+        """A callback for the summary store and flights: one failed operation ("lookup", "put", "acquire") counted."""
+        return lambda operation: self.store_errors.labels(operation).inc()
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
