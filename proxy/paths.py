@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -14,6 +15,9 @@ MAX_DECODINGS = 4
 _DOT_SEGMENTS = frozenset({".", ".."})
 # After any decoding these would separate segments for someone: a front that decodes once, a Windows backend.
 _SEPARATORS = ("/", "\\", "\x00")
+
+
+_SPLIT = re.compile(r"[/\\]")
 
 
 def refusal(raw_path: str) -> str | None:
@@ -36,8 +40,12 @@ def _segment_refusal(segment: str) -> str | None:
         # "..;x" is a dot segment to servlet containers, which drop ";" parameters before resolving.
         if decoded.partition(";")[0] in _DOT_SEGMENTS:
             return "dot segments ('.', '..', raw or percent-encoded) are not allowed in the path"
-        if depth and any(separator in decoded for separator in _SEPARATORS):
-            return "percent-encoded '/', '\\' or NUL is not allowed in the path"
+        if depth and "\x00" in decoded:
+            return "a percent-encoded NUL is not allowed in the path"
+        # An encoded '/' alone stays inside its segment ("org%2Fmodel", as SDKs send model ids); what it must not
+        # hide is a dot segment that a decoding front would then resolve.
+        if depth and any(piece.partition(";")[0] in _DOT_SEGMENTS for piece in _SPLIT.split(decoded)):
+            return "dot segments ('.', '..', raw or percent-encoded) are not allowed in the path"
         undone = unquote(decoded)
         if undone == decoded:
             return None

@@ -32,7 +32,7 @@ ESCAPING = [
     "/v1/models%00",
     "/v1/%252e%252e/admin",
     "/v1/%25252e%25252e/admin",
-    "/v1/%252fadmin",
+    "/v1/%252f..%252fadmin",
     "/v1/..;/admin",
     "/v1/%2e%2e;x=1/admin",
 ]
@@ -42,6 +42,9 @@ NORMAL = [
     ("GET", "/v1/echo/a.b/..c/c..?path=../x&v=1.2.3"),
     ("GET", "/v1/echo/v1.2/x%20y"),
     ("POST", "/v1/echo/file.name.jsonl"),
+    # An encoded slash alone stays inside its segment: the openai SDK sends model ids like "org/model" this way.
+    ("GET", "/v1/echo/org%2Fmodel"),
+    ("GET", "/v1/echo/%252fadmin"),
 ]
 
 
