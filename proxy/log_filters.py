@@ -36,17 +36,23 @@ def redact(text: str) -> str:
     return _URL_PASSWORD.sub(lambda match: f"{match['head']}{MASK}@", text)
 
 
+_QUERY_PASSWORD = re.compile(r"(^|&)(password=)[^&]*")
+
+
 def mask_url(url: str) -> str:
-    """The URL with its password, if any, replaced by *** (http://user:pass@host → http://user:***@host)."""
+    """The URL with its password, if any, replaced by *** (http://user:pass@host → http://user:***@host, and a
+    `?password=` query parameter)."""
     try:
         netloc = urlsplit(url).netloc
     except ValueError:
         return redact(url)
     userinfo, at, host = netloc.rpartition("@")
     user, colon, password = userinfo.partition(":")
-    if not at or not colon or not password:
-        return url
-    return url.replace(netloc, f"{user}:{MASK}@{host}", 1)
+    if at and colon and password:
+        url = url.replace(netloc, f"{user}:{MASK}@{host}", 1)
+    # Redis URLs may carry the password as a query parameter instead.
+    base, question, query = url.partition("?")
+    return base + question + _QUERY_PASSWORD.sub(rf"\1\2{MASK}", query) if question else url
 
 
 class RedactSecrets(logging.Filter):

@@ -8,7 +8,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -19,6 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.config import MIB, StoreConfig
 from proxy.flights import CLOSED, DROPPED, STORED, Announcements, ErrorCounter, Held, Lease, StoreUnavailable
+from proxy.log_filters import mask_url
 from proxy.store import CompactedPrefix
 
 log = logging.getLogger(__name__)
@@ -64,18 +65,6 @@ return 1
 """
 # KEYS flying
 _FLYING = _NOW + "return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')"
-
-
-def mask_url(url: str) -> str:
-    """The URL with any password (user:password@ or ?password=) replaced by ***, for logs and status."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    userinfo, at, host = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        netloc = f"{userinfo.partition(':')[0]}:***@{host}"
-    query = urlencode([(name, "***" if name == "password" else value)
-                       for name, value in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def _text(value: bytes | str) -> str:

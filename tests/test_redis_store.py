@@ -15,7 +15,8 @@ import redis.asyncio as aioredis
 from proxy.config import ConfigError, StoreConfig, settings_from_mapping
 from proxy.fingerprint import hash_chain
 from proxy.flights import DROPPED, STORED, Held, Lease, LeaseStore, StoreUnavailable
-from proxy.redis_store import RedisStore, mask_url
+from proxy.log_filters import mask_url
+from proxy.redis_store import RedisStore
 from proxy.store import CompactedPrefix, SummaryStore, open_store
 from tests import test_store as contract
 from tests.redis_server import PASSWORD, RedisServer, redis_server, secured_redis  # noqa: F401  (fixtures)
