@@ -44,6 +44,18 @@ class PayloadTooLarge(ProxyError):
     code = "request_too_large"
 
 
+class RequestTimeout(ProxyError):
+    status = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class UnsupportedEncoding(ProxyError):
+    status = 415
+    error_type = "invalid_request_error"
+    code = "unsupported_content_encoding"
+
+
 class UpstreamUnreachable(ProxyError):
     status = 502
     error_type = "upstream_error"

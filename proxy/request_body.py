@@ -9,7 +9,7 @@ from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
 
 from proxy.appkeys import SETTINGS
-from proxy.errors import BadRequest, PayloadTooLarge, ProxyError
+from proxy.errors import BadRequest, PayloadTooLarge, RequestTimeout, UnsupportedEncoding
 from proxy.middleware import Handler
 
 # Inflated bytes per zlib call: about a millisecond of CPU, after which other requests get the loop.
@@ -20,18 +20,6 @@ _GZIP_WBITS = 16 + zlib.MAX_WBITS
 _ZLIB_WBITS = zlib.MAX_WBITS
 _RAW_DEFLATE_WBITS = -zlib.MAX_WBITS
 _IDENTITY = frozenset({"", "identity"})
-
-
-class RequestTimeout(ProxyError):
-    status = 408
-    error_type = "invalid_request_error"
-    code = "request_timeout"
-
-
-class UnsupportedEncoding(ProxyError):
-    status = 415
-    error_type = "invalid_request_error"
-    code = "unsupported_content_encoding"
 
 
 class _Inflater:
