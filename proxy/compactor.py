@@ -22,7 +22,7 @@ from proxy.messages import Message, is_instruction, is_user, role
 from proxy.metrics import Metrics
 from proxy.plan import Plan, apply_replacement, plan_compaction, replacement
 from proxy.store import CompactedPrefix, SummaryStore
-from proxy.summarizer import ChatModel, SummarizerError, Summary, summarize
+from proxy.summarizer import ChatModel, ConversationPrefix, SummarizerError, Summary, summarize
 from proxy.templates import Templates
 from proxy.tokens import TokenCounter
 
@@ -152,10 +152,11 @@ class Compactor:
         return plan
 
     async def compact(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
-                      headers: Mapping[str, str], overhead: int = 0, force: bool = False) -> Outcome:
+                      headers: Mapping[str, str], overhead: int = 0, force: bool = False,
+                      tools: Any = None) -> Outcome:
         """Summarise what the plan gives up, once per prefix; `force` summarises even where it saves nothing."""
         begun = self.begin(conversation, limits, model=model, trigger=trigger, headers=headers, overhead=overhead,
-                           force=force)
+                           force=force, tools=tools)
         if isinstance(begun, str):
             return Outcome(None, begun)
         try:
@@ -166,10 +167,11 @@ class Compactor:
 
     def begin(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
               headers: Mapping[str, str], answer_tokens: int | None = None, overhead: int = 0,
-              force: bool = False) -> Flight | str:
+              force: bool = False, tools: Any = None) -> Flight | str:
         """Plan and claim the summary now (no await), so a request arriving next finds it in flight.
 
-        Returns the flight, or the reason there is none.
+        `tools` are the request's own, for a prefix-layout summariser request. Returns the flight, or the reason
+        there is none.
         """
         plan = self.plan(conversation, limits, model=model, answer_tokens=answer_tokens, overhead=overhead)
         if plan is None:
@@ -188,10 +190,19 @@ class Compactor:
         job = _Job(plan, prefix_hash, prefix_len, conversation.namespace, conversation.backoff_key, limits,
                    model=self._settings.compaction.summarizer.model or model, trigger=trigger, headers=headers,
                    summary_tokens=shrink(plan.summary_tokens, decision.level, MIN_RETRY_SUMMARY_TOKENS),
-                   level=decision.level)
+                   level=decision.level, prefix=self._prefix(conversation, plan, model, tools))
         # The flight looks for a stored record first, and stores what _summarise returns (fenced, across replicas).
         return Flight(self._flights.start(conversation.namespace, prefix_hash, lambda: self._summarise(job)),
                       prefix_len)
+
+    def _prefix(self, conversation: Conversation, plan: Plan, model: str, tools: Any) -> ConversationPrefix | None:
+        """What a prefix-layout request is made of, when the layout calls for one."""
+        config = self._settings.compaction.summarizer
+        own_model = config.upstream is None and config.model in (None, model)
+        if config.layout == "transcript" or (config.layout == "auto" and not own_model):
+            return None
+        acknowledgement = str(self._fillers[1]["content"])
+        return ConversationPrefix(tuple(conversation.messages[:plan.prefix_len]), tools, acknowledgement)
 
     async def _summarise(self, job: _Job) -> CompactedPrefix:
         started = time.monotonic()
@@ -199,7 +210,7 @@ class Compactor:
             config = self._settings.compaction.summarizer
             summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens),
                                       list(job.plan.to_summarise), self._templates, counter=self._counter,
-                                      max_calls=config.max_calls, deadline=config.timeout)
+                                      max_calls=config.max_calls, deadline=config.timeout, prefix=job.prefix)
         except SummarizerError as error:
             self._backoff.failed(job.backoff_key)
             self._account_failure(job, error, time.monotonic() - started)
@@ -259,6 +270,7 @@ class _Job:
     headers: Mapping[str, str]
     summary_tokens: int
     level: int
+    prefix: ConversationPrefix | None = None
 
     def log_fields(self) -> dict[str, Any]:
         limits = self.limits

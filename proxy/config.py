@@ -52,6 +52,10 @@ class ServerConfig(_Frozen):
     keepalive_timeout: float = Field(75.0, gt=0)
     # Seconds the whole request body may take to arrive; a stalled upload is dropped, its memory freed.
     body_timeout: float = Field(60.0, gt=0)
+    # Seconds SIGTERM waits for requests and streams in progress to finish before cancelling them.
+    shutdown_grace_seconds: float = Field(30.0, ge=0)
+    # Seconds between checks of the config file for changes (then reloaded); 0 = reload on SIGHUP only.
+    reload_poll_seconds: float = Field(1.0, ge=0)
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -124,6 +128,10 @@ class SummarizerConfig(_Frozen):
     # Ask for the summary schema through response_format. `auto` does so only for a model whose plain replies
     # keep failing to parse: constrained replies kept fewer facts in the benchmark (proxy.structured_output).
     structured_output: Literal["auto", "json_schema", "json_object", "off"] = "auto"
+    # prefix: the summariser request is the conversation's own messages and tools plus one instruction, so the
+    # upstream's prefix cache serves the history; transcript: the history as text in a system prompt of its own.
+    # auto: prefix when the summariser is the conversation's own model at its own upstream, else transcript.
+    layout: Literal["auto", "prefix", "transcript"] = "auto"
 
 
 class CompactionConfig(_Frozen):
@@ -215,6 +223,8 @@ def _url_has_password(url: str) -> bool:
 
 class LoggingConfig(_Frozen):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # One JSON line per request on the `proxy.access` logger (probes at DEBUG); request ids are returned either way.
+    access_log: bool = True
 
 
 def _default_models() -> dict[str, ModelConfig]:

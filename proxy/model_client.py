@@ -57,19 +57,24 @@ class ModelClient:
             raise SummarizerOverflow("the summariser's prompt leaves no room for a summary")
         return room
 
-    def _request(self, sent: list[dict[str, Any]], kind: Format | None) -> UpstreamRequest:
+    def _request(self, sent: list[dict[str, Any]], tools: Any, kind: Format | None) -> UpstreamRequest:
         """The summariser request: counting its prompt for the output limit is the costly part on a long one."""
         payload: dict[str, Any] = {"model": self.model, "messages": sent, "stream": False,
                                    self._output_field: self.output_limit(sent)}
+        if tools is not None:
+            # The conversation's own tools keep its prefix identical for the server's cache; "none" asks for text.
+            payload["tools"], payload["tool_choice"] = tools, "none"
         if self._temperature is not None:
             payload["temperature"] = self._temperature
         if kind is not None:
             payload["response_format"] = response_format(kind)
         return UpstreamRequest("POST", "/chat/completions", "", self._headers, json.dumps(payload).encode())
 
-    async def complete(self, system: str, messages: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-        sent = [{"role": "system", "content": system}, *messages]
-        status, body = await self._constrained_or_plain(sent, len(system))
+    async def complete(self, system: str | None, messages: list[dict[str, Any]],
+                       tools: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        sent = [*([] if system is None else [{"role": "system", "content": system}]), *messages]
+        size = len(system) if system is not None else sum(len(str(message.get("content"))) for message in messages)
+        status, body = await self._constrained_or_plain(sent, tools, size)
         if detect_context_overflow(status, body):
             raise SummarizerOverflow(f"the summariser's prompt did not fit (status {status})")
         if not 200 <= status < 300:
@@ -83,7 +88,7 @@ class ModelClient:
             log.info("summariser %s at %s: its replies keep failing to parse; asking for the summary schema "
                      "through response_format from now on", self.model, self._key[0])
 
-    async def _constrained_or_plain(self, sent: list[dict[str, Any]], size: int) -> tuple[int, bytes]:
+    async def _constrained_or_plain(self, sent: list[dict[str, Any]], tools: Any, size: int) -> tuple[int, bytes]:
         """(status, body) of the first answer that is not a refusal of its format; the plain request last.
 
         A refused format is remembered and never sent again to this upstream and model, so each refusal costs
@@ -93,7 +98,7 @@ class ModelClient:
         refused: list[Format] = []
         for kind in (*self._formats.formats(self._mode, self._key), None):
             try:
-                status, body = await self._send(await off_loop_if_large(size, self._request, sent, kind))
+                status, body = await self._send(await off_loop_if_large(size, self._request, sent, tools, kind))
             except SummarizerError:
                 self._forgive(refused)
                 raise

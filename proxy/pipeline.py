@@ -197,7 +197,8 @@ class ChatPipeline:
         outcome = await self._compactor.compact(journey.conversation, journey.limits, model=journey.call.model,
                                                 trigger=trigger, headers=journey.call.headers,
                                                 overhead=self._overhead(journey.call),
-                                                force=self._mode(journey.call) == "force")
+                                                force=self._mode(journey.call) == "force",
+                                                tools=journey.call.payload.get("tools"))
         if outcome.record is not None:
             journey.conversation = Conversation(journey.conversation.original, journey.conversation.chain,
                                                 journey.conversation.namespace, outcome.record)
@@ -294,7 +295,8 @@ class ChatPipeline:
         try:
             begun = self._compactor.begin(journey.conversation, journey.limits, model=journey.call.model,
                                           trigger="background", headers=journey.call.headers,
-                                          answer_tokens=answer_tokens, overhead=self._overhead(journey.call))
+                                          answer_tokens=answer_tokens, overhead=self._overhead(journey.call),
+                                          tools=journey.call.payload.get("tools"))
         except Exception:
             log.warning("could not plan a background summary", exc_info=True)
             return

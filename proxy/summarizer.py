@@ -1,4 +1,5 @@
-"""The summariser: one request for a summary, a tool-result removal ladder on overflow, then chunk-and-merge."""
+"""The summariser: one request for a summary (the conversation's own prefix, or a transcript), a tool-result
+removal ladder on overflow, then chunk-and-merge."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
 from proxy import budget
-from proxy.messages import Message, content_text, is_tool_result
+from proxy.messages import Message, content_text, is_tool_result, is_user
 from proxy.offload import off_loop_if_large
 from proxy.summary import StructuredSummary, summary_text
 from proxy.templates import Templates, default_templates
@@ -48,9 +49,28 @@ class ChatModel(Protocol):
     """A chat model for summaries. It may also carry `context_window: int | None` to plan chunks by tokens, and
     `reply_parsed(parsed: bool)`, told after each accepted reply whether it parsed as a structured summary."""
 
-    async def complete(self, system: str, messages: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(assistant message, usage); the message carries the choice's `finish_reason` when there was one."""
+    async def complete(self, system: str | None, messages: list[dict[str, Any]],
+                       tools: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(assistant message, usage); the message carries the choice's `finish_reason` when there was one.
+
+        `system` None sends `messages` as they are; `tools` (the conversation's, prefix layout only) are sent
+        with `tool_choice: "none"`, so the request renders like the conversation's own and asks for text.
+        """
         ...
+
+
+@dataclass(frozen=True)
+class ConversationPrefix:
+    """The conversation as the upstream last saw it, up to the end of what is summarised, with its tools.
+
+    A summariser request made of these messages plus one instruction shares its whole prefix with the requests
+    the upstream has just answered, so a server with prefix caching (llama.cpp's slot, vLLM, OpenAI) does not
+    evaluate the history again.
+    """
+
+    messages: tuple[Message, ...]
+    tools: Any = None
+    acknowledgement: str = ""  # the assistant filler put between a last user message and the instruction
 
 
 @dataclass(frozen=True)
@@ -62,16 +82,17 @@ class Summary:
     calls: int  # every request sent, including those that overflowed
     structured: StructuredSummary | None
     text: str
-    strategy: str  # "direct" | "removed_tool_results_<percent>" | "chunked"
+    strategy: str  # "prefix" | "direct" | "removed_tool_results_<percent>" | "chunked"
 
 
 async def summarize(model: ChatModel, messages: Sequence[Any], templates: Templates | None = None, *,
                     counter: TokenCounter | None = None, max_calls: int = NO_CALL_LIMIT,
-                    deadline: float | None = None) -> Summary:
+                    deadline: float | None = None, prefix: ConversationPrefix | None = None) -> Summary:
     """Summarise `messages` into one user-role message, shrinking or splitting the work when it overflows.
 
-    At most `max_calls` requests are sent, and the whole summary (every call) must be done within `deadline`
-    seconds: a hostile history cannot buy an unbounded number of summariser calls or minutes.
+    With `prefix` the first request is the conversation's own prefix plus one instruction (prefix layout); when
+    that does not fit, the transcript ladder follows. At most `max_calls` requests are sent, and the whole summary
+    (every call) must be done within `deadline` seconds: a hostile history cannot buy unbounded calls or minutes.
     """
     history = list(messages)
     if not history:
@@ -79,7 +100,7 @@ async def summarize(model: ChatModel, messages: Sequence[Any], templates: Templa
     run = _Run(model, templates or default_templates(), counter, max_calls)
     try:
         async with asyncio.timeout(deadline):
-            strategy, reply = await _summarize_history(run, history)
+            strategy, reply = await _summarize_history(run, history, prefix)
     except TimeoutError:
         error = SummarizerError(f"the summary took longer than its deadline of {deadline:g}s")
         error.usage, error.calls = dict(run.usage), run.calls
@@ -148,15 +169,31 @@ class _Run:
             self._counter = _default_counter()
         return self._counter
 
+    @property
+    def window(self) -> int | None:
+        window = getattr(self.model, "context_window", None)
+        return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+
     async def ask(self, transcript: str, instruction: str) -> str:
-        """One summariser request (no tools); the reply text once it is accepted as a summary."""
-        system = self.templates.compaction_prompt(transcript)
-        messages: list[Message] = [{"role": "user", "content": instruction}]
+        """One transcript-layout request (no tools); the reply text once it is accepted as a summary."""
+        system = self.templates.compaction_prompt(transcript, window=self.window)
+        return await self._send(system, [{"role": "user", "content": instruction}])
+
+    async def ask_after(self, prefix: ConversationPrefix) -> str:
+        """One prefix-layout request: the conversation's messages as they were sent, then the instruction."""
+        messages = list(prefix.messages)
+        if messages and is_user(messages[-1]) and prefix.acknowledgement:
+            messages.append({"role": "assistant", "content": prefix.acknowledgement})  # roles keep alternating
+        messages.append({"role": "user", "content": self.templates.compaction_request(window=self.window)})
+        return await self._send(None, messages, prefix.tools)
+
+    async def _send(self, system: str | None, messages: list[Message], tools: Any = None) -> str:
         if self._max_calls and self.calls >= self._max_calls:
             raise SummarizerError(f"the summary needs more than {self._max_calls} summariser calls")
         self.calls += 1
         try:
-            reply, usage = await self.model.complete(system, messages)
+            reply, usage = await (self.model.complete(system, messages, tools) if tools is not None else
+                                  self.model.complete(system, messages))
         except SummarizerError:
             raise
         except Exception as error:
@@ -178,11 +215,12 @@ class _Run:
         if callable(report):
             report(StructuredSummary.parse(text) is not None)
 
-    def _add_usage(self, usage: Any, system: str, messages: list[Message], text: str) -> None:
+    def _add_usage(self, usage: Any, system: str | None, messages: list[Message], text: str) -> None:
         reported = usage if isinstance(usage, dict) else {}
         prompt = _tokens(reported.get("prompt_tokens"))
         if prompt is None:
-            prompt = self.counter.count_messages([{"role": "system", "content": system}, *messages])
+            framing: list[Message] = [] if system is None else [{"role": "system", "content": system}]
+            prompt = self.counter.count_messages([*framing, *messages])
         completion = _tokens(reported.get("completion_tokens"))
         if completion is None:
             completion = self.counter.count_text(text)
@@ -193,10 +231,11 @@ class _Run:
 
     def token_groups(self, records: list[str], instruction: str) -> list[slice]:
         """Consecutive records grouped to fit a known window; one group when the window is unknown."""
-        window = getattr(self.model, "context_window", None)
-        if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        window = self.window
+        if window is None:
             return [slice(0, len(records))]
-        framing = self.counter.count_messages([{"role": "system", "content": self.templates.compaction_prompt("")},
+        framing = self.counter.count_messages([{"role": "system",
+                                                "content": self.templates.compaction_prompt("", window=window)},
                                                {"role": "user", "content": instruction}])
         allowed = budget.summarizer_input_budget(window, framing, getattr(self.model, "max_output_tokens", window))
         if allowed <= 0:  # too small to plan by: halving on overflow decides
@@ -222,8 +261,15 @@ def _tokens(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-async def _summarize_history(run: _Run, history: list[Message]) -> tuple[str, str]:
-    """(strategy, raw reply) from the first rung that fits, else from chunk-and-merge over the whole history."""
+async def _summarize_history(run: _Run, history: list[Message],
+                             prefix: ConversationPrefix | None = None) -> tuple[str, str]:
+    """(strategy, raw reply) from the conversation's prefix when given and it fits, else from the first rung of
+    the transcript ladder that fits, else from chunk-and-merge over the whole history."""
+    if prefix is not None:
+        try:
+            return "prefix", await run.ask_after(prefix)
+        except SummarizerOverflow:
+            pass  # a transcript can leave tool results out and split the history; the prefix can do neither
     for strategy, attempt in removal_ladder(history):
         try:
             return strategy, await run.ask(format_transcript(attempt), run.templates.compaction_instruction())

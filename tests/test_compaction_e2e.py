@@ -13,6 +13,7 @@ import pytest
 from proxy.plan import check_tool_pairing
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
+from tests.fakes.summariser_requests import is_summarizer_request, summarised_text
 from tests.fakes.windowed import FACT, Overflow, WindowedModel
 from tests.sdk import async_client
 
@@ -162,7 +163,7 @@ async def test_tenants_never_share_summaries(model: WindowedModel, make_proxy: P
     for key in ("sk-tenant-a", "sk-tenant-b", "sk-tenant-a"):
         await async_client(proxy.url, api_key=key).chat.completions.create(model="fake-small", messages=history)
     assert len(model.summarizer_calls) == 2
-    assert all("FACT-0" in c.body["messages"][0]["content"] for c in model.summarizer_calls)
+    assert all("FACT-0" in summarised_text(c.body["messages"]) for c in model.summarizer_calls)
 
 
 async def test_mode_header_off_and_force(model: WindowedModel, make_proxy: ProxyFactory) -> None:
@@ -316,7 +317,8 @@ async def test_summariser_uses_the_client_credentials(model: WindowedModel, fake
     client = async_client(proxy.url, api_key="sk-client-key")
     await calibrated(client, model)
     await client.chat.completions.create(model="fake-small", messages=big_history(20))
-    summariser_requests = [r for r in fake.requests if "<analysis>" in r.body.decode()]
+    summariser_requests = [r for r in fake.requests
+                           if r.path.endswith("/chat/completions") and is_summarizer_request(json.loads(r.body)["messages"])]
     assert [r.headers["Authorization"] for r in summariser_requests] == ["Bearer sk-client-key"]
     assert "x-compaction-mode" not in {name.lower() for r in fake.requests for name in r.headers}
 
@@ -404,7 +406,7 @@ async def test_retry_that_cannot_reach_the_upstream_returns_the_original_error(
 
     async def drop_the_retry(request: Any, body: dict[str, Any], state: FakeUpstream) -> Any:
         nonlocal chat_calls
-        is_summary = "<analysis>" in str(body["messages"][0].get("content"))
+        is_summary = is_summarizer_request(body["messages"])
         chat_calls += 0 if is_summary else 1
         if chat_calls >= 2 and not is_summary and request.transport is not None:
             request.transport.abort()          # the retry (and its reconnect): the connection dies unanswered

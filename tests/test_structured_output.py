@@ -21,6 +21,7 @@ from proxy.summary_schema import SCHEMA_NAME, summary_schema
 from proxy.upstream import Upstream, create_session
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream, completion
+from tests.fakes.summariser_requests import is_summarizer_request
 from tests.sdk import async_client
 
 SUMMARY = {"user_intent": ["fix the crash in app.py"], "technical_concepts": ["aiohttp"],
@@ -53,8 +54,7 @@ class Summariser:
 
     async def __call__(self, request: web.Request, body: dict[str, Any],
                        state: FakeUpstream) -> web.StreamResponse | None:
-        system = (body.get("messages") or [{}])[0]
-        if system.get("role") != "system" or "<analysis>" not in str(system.get("content")):
+        if not is_summarizer_request(body.get("messages") or []):
             return None  # a chat request: the fake's default echo
         self.seen.append(body)
         kind = (body.get("response_format") or {}).get("type")
@@ -336,7 +336,8 @@ async def test_the_proxys_summaries_under_a_schema_are_rendered(summariser: Summ
                                                                 make_proxy: ProxyFactory, fake: FakeUpstream) -> None:
     proxy = await make_proxy({"compaction": {"background": False}})
     await compact_through(proxy.url, 3)
-    forwarded = [body for body in fake.chat_requests() if body["messages"][0]["content"] == "You are terse."]
+    forwarded = [body for body in fake.chat_requests()
+                 if body["messages"][0]["content"] == "You are terse." and not is_summarizer_request(body["messages"])]
     assert UNPARSABLE in json.dumps(forwarded[0]["messages"])  # raw fallback while plain
     assert "# Conversation Summary" in forwarded[2]["messages"][1]["content"]
     assert summariser.formats() == [None, None, "json_schema"]

@@ -13,6 +13,7 @@ import pytest
 
 from proxy.summarizer import (
     REMOVED_TOOL_RESULT,
+    ConversationPrefix,
     SummarizerError,
     SummarizerOverflow,
     Summary,
@@ -424,7 +425,7 @@ async def test_missing_usage_is_estimated(usage: Any, templates: Templates, coun
     model = ScriptedModel(usage=usage, reply="a plain summary of the chat")
     summary = await summarize(model, chat(4), templates, counter=counter)
     expected = estimate(model.requests[0], "a plain summary of the chat", counter)
-    assert summary.usage == expected and expected["prompt_tokens"] > 900 and expected["completion_tokens"] > 0
+    assert summary.usage == expected and expected["prompt_tokens"] > 400 and expected["completion_tokens"] > 0
 
 
 async def test_partial_usage_is_completed_by_estimate(templates: Templates, counter: TokenCounter) -> None:
@@ -503,3 +504,61 @@ async def test_the_deadline_covers_the_whole_summary(templates: Templates) -> No
         await summarize(model, history, templates, deadline=0.5)
     assert asyncio.get_running_loop().time() - started < 1.0
     assert caught.value.calls >= len(model.requests) >= 2  # the call cut short by the deadline counts too
+
+
+class PrefixModel:
+    """Records (system, messages, tools) of every request; overflows every request with a system of None."""
+
+    def __init__(self, *, prefix_overflows: bool = False) -> None:
+        self.calls: list[tuple[str | None, list[Message], Any]] = []
+        self.prefix_overflows = prefix_overflows
+
+    async def complete(self, system: str | None, messages: list[Message], tools: Any = None) -> tuple[Message, Any]:
+        self.calls.append((system, messages, tools))
+        if system is None and self.prefix_overflows:
+            raise SummarizerOverflow("prompt is too long")
+        seen = system if system is not None else json.dumps(messages)
+        return {"role": "assistant", "content": echo_reply(seen, 0)}, REPORTED_USAGE
+
+
+TOOLS = [{"type": "function", "function": {"name": "run_step", "parameters": {"type": "object"}}}]
+
+
+async def test_the_prefix_layout_sends_the_conversation_as_it_was_then_one_instruction(templates: Templates) -> None:
+    system = {"role": "system", "content": "You are an agent."}
+    sent = (system, *tool_history(3, result_size=20))
+    model = PrefixModel()
+    summary = await summarize(model, list(sent[1:]), templates,
+                              prefix=ConversationPrefix(sent, TOOLS, "Understood."))
+    assert summary.strategy == "prefix" and summary.calls == 1
+    [(sent_system, messages, tools)] = model.calls
+    assert sent_system is None and tools is TOOLS
+    assert messages[:len(sent)] == list(sent), "the conversation's own messages, unchanged, come first"
+    assert messages[len(sent):] == [{"role": "user", "content": templates.compaction_request()}]
+    assert summary.structured is not None and list(summary.structured.user_intent) == markers(json.dumps(sent))
+
+
+async def test_a_prefix_ending_with_a_user_message_gets_the_acknowledgement_between(templates: Templates) -> None:
+    sent = ({"role": "system", "content": "s"}, {"role": "user", "content": "FACT-1"})
+    model = PrefixModel()
+    await summarize(model, list(sent[1:]), templates, prefix=ConversationPrefix(sent, None, "Understood."))
+    [(_, messages, tools)] = model.calls
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"] and tools is None
+    assert messages[2]["content"] == "Understood."
+
+
+async def test_a_prefix_that_overflows_falls_back_to_the_transcript(templates: Templates) -> None:
+    history = tool_history(3, result_size=20)
+    model = PrefixModel(prefix_overflows=True)
+    summary = await summarize(model, history, templates,
+                              prefix=ConversationPrefix(({"role": "system", "content": "s"}, *history), TOOLS))
+    assert summary.strategy == "direct" and summary.calls == 2
+    (first, _, _), (second, _, tools) = model.calls
+    assert first is None and second == templates.compaction_prompt(format_transcript(history)) and tools is None
+
+
+async def test_the_prompt_is_the_short_form_on_a_small_window(templates: Templates) -> None:
+    model = ScriptedModel(context_window=1024)
+    await summarize(model, chat(4), templates)
+    assert model.requests[0].system == templates.compaction_prompt(format_transcript(chat(4)), window=1024)
+    assert "<analysis>" not in model.requests[0].system

@@ -11,6 +11,7 @@ import pytest
 
 from proxy.config import ConfigError
 from proxy.templates import TEMPLATE_NAMES, Templates, builtin_prompts_dir, default_user_dir
+from proxy.tokens import TokenCounter
 
 REPO_PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
 
@@ -31,13 +32,13 @@ SUMMARY_FIELDS: dict[str, Any] = {
 RENDER_CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
     "compaction.md": ({"messages": "user: please add retries"},
                       ["user: please add retries", "<analysis>", "```json", "user_intent", "next_step"]),
-    "compaction_instruction.md": ({}, ["<analysis>", "```json"]),
+    "compaction_instruction.md": ({}, ["```json"]),
     "compaction_summary.md": (SUMMARY_FIELDS, ["# Conversation Summary", "### proxy/app.py", "Run the tests"]),
     "continuation.md": ({}, ["summary above"]),
     "acknowledgement.md": ({}, ["Understood"]),
     "elided.md": ({"tokens": 4321}, ["4321 tokens", "left out", "verbatim"]),
     "merge_instruction.md": ({"part_count": 7}, ["7 partial summaries"]),
-    "chunk_instruction.md": ({"part_index": 2, "part_count": 5}, ["part 2 of 5", "<analysis>", "```json"]),
+    "chunk_instruction.md": ({"part_index": 2, "part_count": 5}, ["part 2 of 5", "```json"]),
 }
 
 
@@ -96,13 +97,43 @@ def write(directory: Path, name: str, text: str) -> Path:
     return directory
 
 
+FIELDS = ("user_intent", "technical_concepts", "files", "errors_and_fixes", "problem_solving", "user_messages",
+          "pending_tasks", "current_work", "next_step")
+
+
+@pytest.mark.parametrize(
+    ("layout", "window", "present", "absent"),
+    [
+        ("transcript", 0, ["<transcript>\nT\n</transcript>", "<analysis>", "key_code"], ["conversation above"]),
+        ("transcript", 32768, ["<transcript>\nT\n</transcript>", "<analysis>", "key_code"], []),
+        ("transcript", 1024, ["<transcript>\nT\n</transcript>"], ["<analysis>", "key_code"]),
+        ("prefix", 0, ["conversation above", "except the system message", "<analysis>"], ["<transcript>"]),
+        ("prefix", 2048, ["conversation above"], ["<transcript>", "<analysis>"]),
+    ],
+)
+def test_the_compaction_prompt_fits_its_layout_and_window(layout: str, window: int, present: list[str],
+                                                          absent: list[str], templates: Templates) -> None:
+    rendered = templates.compaction_prompt("T", window=window) if layout == "transcript" else \
+        templates.compaction_request(window=window)
+    assert all(f'"{name}"' in rendered for name in FIELDS), "every field of the schema is asked for"
+    assert all(text in rendered for text in present)
+    assert not any(text in rendered for text in absent)
+
+
+def test_the_short_form_is_shorter_and_both_are_far_below_the_old_prompt(templates: Templates) -> None:
+    counter = TokenCounter()
+    full, short = (counter.count_text(templates.compaction_request(window=window)) for window in (0, 1024))
+    # The prompt this one replaced took about 900 tokens: on a 1,024-token window it left nothing to summarise.
+    assert short < full <= 480 and short <= 320
+
+
 @pytest.mark.parametrize(
     ("config_has_it", "user_has_it", "expected_start"),
     [
         (True, True, "CONFIG"),
         (True, False, "CONFIG"),
         (False, True, "USER"),
-        (False, False, "You condense"),
+        (False, False, "You summarise"),
     ],
 )
 def test_override_order(config_has_it: bool, user_has_it: bool, expected_start: str, tmp_path: Path) -> None:

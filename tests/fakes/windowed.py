@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.tokens import TokenCounter
 from tests.fakes.openai_upstream import FakeUpstream, chunk, sse
+from tests.fakes.summariser_requests import is_summarizer_request, summarised_text
 
 FACT = re.compile(r"FACT-\d+")
 # The fake's tokenizer counts differently from the proxy's estimate, as real servers do.
@@ -68,8 +69,7 @@ class WindowedModel:
     async def __call__(self, request: web.Request, body: dict[str, Any],
                        state: FakeUpstream) -> web.StreamResponse:
         messages = body.get("messages") or []
-        summarizer = bool(messages) and messages[0].get("role") == "system" \
-            and "<analysis>" in str(messages[0].get("content"))
+        summarizer = is_summarizer_request(messages)
         prompt = self.prompt_tokens(body)
         self.received.append(Received(time.monotonic(), body, prompt, summarizer))
         if self.always_answer is not None and not summarizer:
@@ -123,7 +123,7 @@ def _reply_message(body: dict[str, Any]) -> dict[str, Any]:
 
 def _summary_reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
     """Summarises mechanically: every FACT marker of the transcript survives, in order."""
-    transcript = str(messages[0].get("content"))
+    transcript = summarised_text(messages)
     facts = list(dict.fromkeys(FACT.findall(transcript)))
     summary = {"user_intent": ["keep a running list of facts"], "user_messages": [", ".join(facts)],
                "current_work": "recording facts"}
