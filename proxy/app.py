@@ -3,44 +3,51 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from proxy import handlers
-from proxy.appkeys import METRICS, PIPELINE, SETTINGS, STORE, UPSTREAM
+from proxy.appkeys import METRICS, RUNTIME, SETTINGS
 from proxy.calibration import Calibration
-from proxy.compactor import Compactor
 from proxy.config import Settings
-from proxy.discovery import WindowSource
 from proxy.flights import open_flights
 from proxy.metrics import Metrics
 from proxy.middleware import count_requests, openai_errors, require_proxy_key
-from proxy.model_client import ModelClient
 from proxy.paths import refuse_escaping_paths
-from proxy.pipeline import ChatPipeline
 from proxy.request_body import close_unread_bodies
+from proxy.request_log import on_response_prepare, request_log
+from proxy.runtime import RuntimeSlot, Shared, TrackedFlights, build_runtime, load_templates, pin_runtime, pinned
 from proxy.server_timeouts import REFUSED_BODY_LINGER, GuardedAppRunner
 from proxy.store import open_store
-from proxy.templates import Templates
 from proxy.tokens import TokenCounter
-from proxy.upstream import Upstream, create_session
-from proxy.windows import ContextWindows
+from proxy.upstream import create_session
 
 log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings) -> web.Application:
-    # Paths first: an escaping path is refused before anything (auth included) looks at the request.
-    middlewares: list[Middleware] = [count_requests, refuse_escaping_paths, close_unread_bodies, openai_errors]
-    if settings.server.api_keys:
-        middlewares.append(require_proxy_key([key.get_secret_value() for key in settings.server.api_keys]))
+    slot = RuntimeSlot()
+    # Outermost first. The request id and its log line outermost, so refusals have both; the runtime pinned
+    # before anything reads it; then paths: an escaping path is refused before anything (auth included) looks
+    # at the request.
+    middlewares: list[Middleware] = [
+        request_log(settings),
+        count_requests,
+        pin_runtime(slot),
+        refuse_escaping_paths,
+        close_unread_bodies,
+        openai_errors,
+        require_proxy_key(lambda request: pinned(request).proxy_keys),  # the keys of the request's runtime
+    ]
     app = web.Application(client_max_size=settings.server.max_body_bytes, middlewares=middlewares)
+    app.on_response_prepare.append(on_response_prepare)  # the id on every response, streams included
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
-    app.cleanup_ctx.append(_upstream_and_pipeline)
+    app[RUNTIME] = slot
+    app.cleanup_ctx.append(_shared_and_runtime)
     app.router.add_get("/healthz", handlers.healthz)
     app.router.add_get("/readyz", handlers.readyz)
     app.router.add_get("/metrics", handlers.metrics)
@@ -49,46 +56,22 @@ def create_app(settings: Settings) -> web.Application:
     return app
 
 
-async def _upstream_and_pipeline(app: web.Application) -> AsyncIterator[None]:
-    """The HTTP session, the summary store and the chat pipeline live and die with the app."""
-    settings = app[SETTINGS]
-    templates = Templates(settings.compaction.prompts_dir)
-    templates.preload()
-    counter = TokenCounter()
-    count_store_error = app[METRICS].store_errors_counter()
+async def _shared_and_runtime(app: web.Application) -> AsyncIterator[None]:
+    """The HTTP session, the summary store and its flights live and die with the app; the runtime built over
+    them is replaced on reload (proxy.reload) and closed here with any runtime still retiring."""
+    settings, metrics = app[SETTINGS], app[METRICS]
+    count_store_error = metrics.store_errors_counter()
     store = open_store(settings.store, on_error=count_store_error)
     # A waiter gives up on another replica's summary after the summariser's own deadline plus one lease expiry.
     flights = open_flights(store, on_error=count_store_error,
                            max_wait=settings.compaction.summarizer.timeout + settings.store.lock_ttl_seconds)
     async with create_session(settings.upstream) as session:
-        count_error, timing = app[METRICS].upstream_errors_counter(), app[METRICS].upstream_latency()
-        upstream = Upstream(session, settings.upstream, count_error, timing)
-        summarizer_config = settings.compaction.summarizer
-        summarizer_upstream = Upstream(session, summarizer_config.upstream, count_error, timing) \
-            if summarizer_config.upstream \
-            else upstream
-        windows = ContextWindows(settings, {"chat": WindowSource.of(session, upstream),
-                                            "summarizer": WindowSource.of(session, summarizer_upstream)})
-
-        calibration = Calibration()
-
-        def summarizer_model(name: str, headers: Mapping[str, str], max_tokens: int) -> ModelClient:
-            return ModelClient(
-                summarizer_upstream, name, headers, max_output_tokens=max_tokens,
-                context_window=windows.window(name, "summarizer"), timeout=summarizer_config.timeout,
-                output_field=summarizer_config.output_limit_field, temperature=summarizer_config.temperature,
-                structured_output=summarizer_config.structured_output,
-                estimate=lambda messages: calibration.adjust(name, counter.count_messages(messages)))
-
-        compactor = Compactor(settings, store, counter, templates, app[METRICS], summarizer_model, calibration,
-                              flights)
-        pipeline = ChatPipeline(settings, upstream, compactor, counter, calibration, windows, app[METRICS])
-        app[UPSTREAM], app[STORE], app[PIPELINE] = upstream, store, pipeline
+        shared = Shared(session, store, TrackedFlights(flights), metrics, TokenCounter(), Calibration())
+        app[RUNTIME].install(shared, build_runtime(settings, shared, load_templates(settings)))
         try:
             yield
         finally:
-            await pipeline.close()
-            await windows.close()
+            await app[RUNTIME].close()
             await store.close()
 
 
@@ -102,22 +85,35 @@ class RunningServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def app(self) -> web.Application:
+        return self.runner.app
+
     async def stop(self) -> None:
+        """Stop listening, let requests and streams in progress finish within server.shutdown_grace_seconds
+        (then cancel them), then close what the app owns: background summaries are cancelled, the store closed."""
         await self.runner.cleanup()
 
 
-async def start_server(settings: Settings, *, host: str | None = None, port: int | None = None) -> RunningServer:
-    """Serve `settings` on a TCP socket; port 0 picks a free one. Used by the CLI and the tests alike."""
+async def start_server(settings: Settings, *, host: str | None = None, port: int | None = None,
+                       reuse_port: bool = False) -> RunningServer:
+    """Serve `settings` on a TCP socket; port 0 picks a free one. Used by the CLI and the tests alike.
+
+    `reuse_port` lets worker processes listen on one port, the kernel spreading connections over them.
+    """
     limits = settings.server
     runner = GuardedAppRunner(
         create_app(settings), handler_cancellation=True, access_log=None,
         header_timeout=limits.header_timeout, keepalive_timeout=limits.keepalive_timeout,
         # Bodies are inflated by proxy.request_body, bounded and in steps; aiohttp would inflate them on the loop,
         # whole, even after the request was refused.
-        auto_decompress=False, lingering_time=REFUSED_BODY_LINGER)
+        auto_decompress=False, lingering_time=REFUSED_BODY_LINGER,
+        # At cleanup aiohttp (>= 3.9) waits this long for handlers in progress, fails the bodies still being read,
+        # waits as long again, then cancels: a streaming handler gets both waits, so each is half the grace.
+        shutdown_timeout=limits.shutdown_grace_seconds / 2)
     await runner.setup()
     bind_host = host if host is not None else settings.server.host
-    site = web.TCPSite(runner, bind_host, settings.server.port if port is None else port)
+    site = web.TCPSite(runner, bind_host, settings.server.port if port is None else port, reuse_port=reuse_port or None)
     await site.start()
     bound_port = runner.addresses[0][1]
     return RunningServer(runner, bind_host, bound_port)

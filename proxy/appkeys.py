@@ -6,12 +6,11 @@ from aiohttp import web
 
 from proxy.config import Settings
 from proxy.metrics import Metrics
-from proxy.pipeline import ChatPipeline
-from proxy.store import SummaryStore
-from proxy.upstream import Upstream
+from proxy.runtime import RuntimeSlot
 
+# The settings the server started with. Only what cannot change live (listener, body limits, store) is read
+# from here; everything that reloads is read from the request's runtime (proxy.runtime.pinned). The runtime
+# slot also holds what outlives a reload: the session, the store, the flights.
 SETTINGS = web.AppKey("settings", Settings)
-UPSTREAM = web.AppKey("upstream", Upstream)
-PIPELINE = web.AppKey("pipeline", ChatPipeline)
-STORE = web.AppKey("store", SummaryStore)
+RUNTIME = web.AppKey("runtime", RuntimeSlot)
 METRICS = web.AppKey("metrics", Metrics)

@@ -126,11 +126,17 @@ def window_margin(window: int) -> int:
 
 
 def summarizer_output_room(window: int | None, prompt_tokens: int, max_output: int) -> int | None:
-    """The summariser's output cap once its prompt is in; None when no useful summary fits."""
+    """The summariser's output cap once its prompt is in; None when the summary asked for does not fit.
+
+    The ask (`max_output`, up to a quarter of the window, as summarizer_input_budget plans by) must fit whole: a
+    smaller cap cuts a summary off mid-JSON (Qwen2.5-Coder-0.5B at 191 of 256 tokens asked, on a 3,072 window),
+    where a shorter prompt (tool results left out, or the history in parts) lets it finish.
+    """
     if not window:
         return max_output
     room = window - prompt_tokens - window_margin(window)
-    return min(max_output, room) if room >= MIN_SUMMARIZER_OUTPUT else None
+    needed = max(MIN_SUMMARIZER_OUTPUT, min(max_output, window // 4))
+    return min(max_output, room) if room >= needed else None
 
 
 def summarizer_input_budget(window: int, framing_tokens: int, output_tokens: int) -> int:

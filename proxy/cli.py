@@ -6,22 +6,29 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from proxy import __version__
 from proxy.app import start_server
+from proxy.appkeys import RUNTIME
 from proxy.config import ConfigError, Settings, load_settings, open_relay_problem
 from proxy.log_filters import install as install_redaction
 from proxy.log_filters import mask_url
 from proxy.log_limits import install as install_repeat_limits
+from proxy.reload import Reloader
+from proxy.workers import supervise
 
 log = logging.getLogger("proxy")
 # Soft open-files limit asked for when the hard limit is unlimited (macOS refuses more than its kernel maximum).
 OPEN_FILES_WHEN_UNLIMITED = 10240
+# How often a worker checks that its supervisor is still there.
+ORPHAN_CHECK_SECONDS = 1.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,11 +37,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="YAML config file (default: built-in defaults)")
     parser.add_argument("--host", help="override server.host")
     parser.add_argument("--port", type=int, help="override server.port")
+    parser.add_argument("--workers", type=_positive, default=1,
+                        help="worker processes sharing the port (SO_REUSEPORT; default 1 = this process serves)")
+    # Set by the supervisor on the workers it starts: which worker, and whose (a worker whose supervisor is gone
+    # shuts down rather than serve on unsupervised).
+    parser.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--supervisor-pid", type=int, help=argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("serve", help="serve the proxy (the default)")
     check = commands.add_parser("check-config", help="validate a config file and print what it resolves to")
     check.add_argument("path", type=Path)
     return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def check_config(path: Path, host: str | None = None) -> int:
@@ -61,10 +81,11 @@ def _masked(tree: Any) -> Any:
     return mask_url(tree) if isinstance(tree, str) else tree
 
 
-def configure_logging(settings: Settings) -> None:
+def configure_logging(settings: Settings, worker: int | None = None) -> None:
     """stderr at the configured level, with credentials redacted from every record (aiohttp's included)."""
+    who = "" if worker is None else f"worker-{worker} "  # the workers share the supervisor's stderr
     logging.basicConfig(level=settings.logging.level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+                        format=f"%(asctime)s %(levelname)s {who}%(name)s %(message)s")
     install_redaction()
     # After redaction, so a "suppressed N similar" line quotes an already redacted message.
     install_repeat_limits()
@@ -91,20 +112,57 @@ def raise_open_files_limit() -> None:
         log.info("open files limit %d (hard limit %s)", soft, "unlimited" if hard == resource.RLIM_INFINITY else hard)
 
 
-async def serve(settings: Settings, host: str | None, port: int | None) -> None:
+class CannotListen(Exception):
+    """The listening socket could not be opened; the message says why."""
+
+
+async def serve(settings: Settings, args: argparse.Namespace) -> None:
     raise_open_files_limit()
-    server = await start_server(settings, host=host, port=port)
+    supervised = args.supervisor_pid is not None
+    try:
+        server = await start_server(settings, host=args.host, port=args.port, reuse_port=supervised)
+    except OSError as error:  # the port is taken, the address is not this machine's
+        raise CannotListen(f"cannot listen: {error.strerror or error}") from None
     log.info("compaction-proxy %s listening on %s, upstream %s", __version__, server.url,
              mask_url(settings.upstream.base_url))
+    slot = server.app[RUNTIME]
+    reloader = Reloader(slot, args.config, host=args.host) if args.config is not None else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, _on_sighup, reloader)
+    if reloader is not None:
+        reloader.start()
+    orphaned = asyncio.create_task(_until_orphaned(args.supervisor_pid, stop)) if supervised else None
     try:
         await stop.wait()
     finally:
-        log.info("shutting down")
+        if orphaned is not None:
+            orphaned.cancel()
+        if reloader is not None:
+            await reloader.close()
+        in_flight = slot.in_flight
+        log.info("shutting down: no new connections; %d request(s) in progress get up to %g s to finish",
+                 in_flight, settings.server.shutdown_grace_seconds)
+        started = time.monotonic()
         await server.stop()
+        log.info("stopped in %.2f s", time.monotonic() - started)
+
+
+def _on_sighup(reloader: Reloader | None) -> None:
+    if reloader is None:
+        log.warning("SIGHUP: no --config file to reload; the built-in defaults stay")
+    else:
+        reloader.request("SIGHUP")
+
+
+async def _until_orphaned(supervisor: int, stop: asyncio.Event) -> None:
+    """Shut down gracefully once the supervisor is gone (killed outright: it could not forward SIGTERM)."""
+    while os.getppid() == supervisor:
+        await asyncio.sleep(ORPHAN_CHECK_SECONDS)
+    log.warning("supervisor %d is gone: shutting down", supervisor)
+    stop.set()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,8 +178,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         print(problem, file=sys.stderr)
         return 1
-    configure_logging(settings)
-    asyncio.run(serve(settings, args.host, args.port))
+    configure_logging(settings, args.worker_index)
+    if args.workers > 1:
+        return supervise(args, settings)
+    try:
+        asyncio.run(serve(settings, args))
+    except CannotListen as error:
+        print(error, file=sys.stderr)
+        return 1
     return 0
 
 

@@ -21,6 +21,7 @@ from proxy.flights import Flights, LocalFlights, RemoteFailure
 from proxy.messages import Message, is_instruction, is_user, role
 from proxy.metrics import Metrics
 from proxy.plan import Plan, apply_replacement, plan_compaction, replacement
+from proxy.request_log import current_request_id
 from proxy.store import CompactedPrefix, SummaryStore
 from proxy.summarizer import ChatModel, ConversationPrefix, SummarizerError, Summary, summarize
 from proxy.templates import Templates
@@ -184,7 +185,8 @@ class Compactor:
             return Flight(running, prefix_len)
         decision = self._backoff.decide(conversation.backoff_key)
         if not decision.allowed:
-            log.info(json.dumps({"event": "compaction_skipped", "reason": "backoff", "trigger": trigger,
+            log.info(json.dumps({"event": "compaction_skipped", "request_id": current_request_id(),
+                                 "reason": "backoff", "trigger": trigger,
                                  "failures": decision.level, "skips_left": decision.skipped_left}))
             return "backoff"
         job = _Job(plan, prefix_hash, prefix_len, conversation.namespace, conversation.backoff_key, limits,
@@ -274,7 +276,8 @@ class _Job:
 
     def log_fields(self) -> dict[str, Any]:
         limits = self.limits
-        return {"trigger": self.trigger, "summarizer_model": self.model, "window": limits.window,
+        return {"request_id": current_request_id(), "trigger": self.trigger, "summarizer_model": self.model,
+                "window": limits.window,
                 "threshold": limits.threshold, "target": limits.target, "reserved_output": limits.reserve,
                 "trigger_tokens": limits.trigger_tokens, "target_tokens": limits.target_tokens,
                 "summarized_messages": len(self.plan.to_summarise), "summary_tokens_requested": self.summary_tokens,

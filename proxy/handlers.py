@@ -5,13 +5,14 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.answer import Answer
-from proxy.appkeys import METRICS, PIPELINE, SETTINGS, STORE, UPSTREAM
+from proxy.appkeys import METRICS, RUNTIME
 from proxy.chat_request import ChatCall
 from proxy.log_filters import mask_url
 from proxy.metrics import CONTENT_TYPE
 from proxy.offload import off_loop_if_large
 from proxy.relay import deliver
 from proxy.request_body import read_body
+from proxy.runtime import pinned
 from proxy.upstream import UpstreamRequest
 
 API_PREFIX = "/v1"
@@ -25,7 +26,7 @@ def upstream_request(request: web.Request, body: bytes) -> UpstreamRequest:
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
-    upstream = request.app[UPSTREAM]
+    upstream = pinned(request).upstream
     async with upstream.open(upstream_request(request, body)) as response:
         return await deliver(request, Answer.relayed(upstream, response))
 
@@ -35,7 +36,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # Parsing (and bounding) a multi-megabyte history is CPU work: off the loop when it is that large.
     call = await off_loop_if_large(len(body), ChatCall.parse, body, request.headers,
                                    request.raw_path.partition("?")[2])
-    async with request.app[PIPELINE].answer(call) as answer:
+    async with pinned(request).pipeline.answer(call) as answer:
         return await deliver(request, answer)
 
 
@@ -44,7 +45,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    settings, store = request.app[SETTINGS], request.app[STORE]
+    # The live settings (a reload may have changed the upstream); the store outlives reloads.
+    settings, store = pinned(request).settings, request.app[RUNTIME].shared.store
     store_ok = await store.ping()
     body: dict[str, object] = {"status": "ready" if store_ok else "degraded",
                                "store": "ok" if store_ok else "unreachable",

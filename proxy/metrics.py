@@ -1,18 +1,38 @@
-"""Prometheus metrics, one registry per application (no process-wide singletons)."""
+"""Prometheus metrics, one registry per application (no process-wide singletons), or shared by worker processes."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+# prometheus-client's own switch: set, every metric value lives in a file of this directory, one per process.
+MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_dir() -> str | None:
+    """The directory worker processes share their metrics through (set by `--workers`), or None."""
+    return os.environ.get(MULTIPROCESS_DIR_VARIABLE) or None
 
 
 class Metrics:
+    """Every metric of the proxy. With `--workers N` the values are kept in files shared by the workers
+    (prometheus-client's multiprocess mode), so a scrape answered by any worker reports the sum of all of them."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        shared = multiprocess_dir()
+        if shared is None:
+            self._exposed = self.registry
+        else:
+            # The metrics below still register in self.registry, but their values are read back from the files:
+            # exposing self.registry would show this worker's share only.
+            self._exposed = CollectorRegistry()
+            MultiProcessCollector(self._exposed, path=shared)  # type: ignore[no-untyped-call]
         self.chat_requests = Counter(
             "compaction_proxy_chat_requests", "Chat completions by what compaction did (x-compaction)",
             ["compaction"], registry=self.registry)
@@ -39,8 +59,10 @@ class Metrics:
         self.requests = Counter(
             "compaction_proxy_requests", "Requests answered, by route, status and what compaction did",
             ["route", "status", "compaction"], registry=self.registry)
+        # Across workers: the sum over the workers alive (a dead worker's files are dropped by the supervisor).
         self.open_streams = Gauge(
-            "compaction_proxy_open_streams", "Streamed answers being relayed right now", registry=self.registry)
+            "compaction_proxy_open_streams", "Streamed answers being relayed right now", registry=self.registry,
+            multiprocess_mode="livesum")
         self.reuse_lookups = Counter(
             "compaction_proxy_reuse_lookups", "Stored-summary lookups, by result (hit or miss)", ["result"],
             registry=self.registry)
@@ -62,6 +84,10 @@ class Metrics:
             "compaction_proxy_shadow_saved_tokens", "Prompt tokens compaction would have saved in shadow mode",
             registry=self.registry)
 
+        self.config_reloads = Counter(
+            "compaction_proxy_config_reloads", "Config reloads (SIGHUP or a changed file), by result: applied, "
+            "unchanged or refused", ["result"], registry=self.registry)
+
     def upstream_errors_counter(self) -> Callable[[str], None]:
         """A callback for the upstream client: one failure of a kind ("timeout", "unreachable") counted."""
         return lambda kind: self.upstream_errors.labels(kind).inc()
@@ -75,4 +101,4 @@ class Metrics:
         return lambda operation: self.store_errors.labels(operation).inc()
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._exposed)

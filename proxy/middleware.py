@@ -82,15 +82,20 @@ def _error_response(request: web.Request, error: Exception) -> web.StreamRespons
     return web.json_response(body, status=500)
 
 
-def require_proxy_key(accepted: Sequence[str]) -> Middleware:
-    """Only clients holding one of the configured keys may use the proxy (probes stay open)."""
-    encoded = [key.encode() for key in accepted]
+def require_proxy_key(accepted: Callable[[web.Request], Sequence[bytes]]) -> Middleware:
+    """Only clients holding one of the keys `accepted` gives for this request may use the proxy; none = open.
+
+    The keys are looked up per request, so a reload that changes them applies from the next request on.
+    Probes stay open.
+    """
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in _OPEN_PATHS:
+        keys = accepted(request)
+        if keys and request.path not in _OPEN_PATHS:
             presented = (presented_key(request.headers) or "").encode("utf-8", HASH_ERRORS)
-            if not any(hmac.compare_digest(presented, key) for key in encoded):
+            # Every key compared, so the time taken does not say which one nearly matched.
+            if not any([hmac.compare_digest(presented, key) for key in keys]):
                 raise Unauthorized("a valid proxy API key is required")
         return await handler(request)
 

@@ -26,6 +26,7 @@ from proxy.metrics import Metrics
 from proxy.offload import LARGE, off_loop_if_large
 from proxy.overflow import context_limit_from_error
 from proxy.plan import last_input_tokens
+from proxy.request_log import annotate, current_request_id
 from proxy.tenants import namespace_for
 from proxy.tokens import TokenCounter
 from proxy.upstream import Upstream
@@ -145,8 +146,8 @@ class ChatPipeline:
             headers["x-compaction-shadow-tokens-after"] = str(before - saved)
             self._metrics.shadow_saved_tokens.inc(saved)
         self._metrics.shadow_decisions.labels(decision).inc()
-        log.info(json.dumps({"event": "compaction_shadow", "decision": decision, "tokens_before": before,
-                             **(plan.as_log() if plan is not None else {})}))
+        log.info(json.dumps({"event": "compaction_shadow", "request_id": current_request_id(), "decision": decision,
+                             "tokens_before": before, **(plan.as_log() if plan is not None else {})}))
         return self._finish(call, attempt, headers, hide_usage=False)
 
     async def _fingerprint(self, call: ChatCall, namespace: str) -> list[str]:
@@ -266,6 +267,7 @@ class ChatPipeline:
     def _finish(self, call: ChatCall, attempt: Attempt, headers: dict[str, str], *, hide_usage: bool,
                 journey: Journey | None = None) -> Answer:
         self._metrics.chat_requests.labels(headers["x-compaction"]).inc()
+        annotate(model=call.model, upstream_status=attempt.status)
         learn = journey is not None and attempt.ok
 
         def on_done(usage: dict[str, Any] | None) -> None:

@@ -171,12 +171,16 @@ class _Run:
 
     @property
     def window(self) -> int | None:
-        window = getattr(self.model, "context_window", None)
-        return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+        return _positive(getattr(self.model, "context_window", None))
+
+    @property
+    def limit(self) -> int | None:
+        """The output the model is asked for, stated in the prompt."""
+        return _positive(getattr(self.model, "max_output_tokens", None))
 
     async def ask(self, transcript: str, instruction: str) -> str:
         """One transcript-layout request (no tools); the reply text once it is accepted as a summary."""
-        system = self.templates.compaction_prompt(transcript, window=self.window)
+        system = self.templates.compaction_prompt(transcript, window=self.window, limit=self.limit)
         return await self._send(system, [{"role": "user", "content": instruction}])
 
     async def ask_after(self, prefix: ConversationPrefix) -> str:
@@ -184,7 +188,8 @@ class _Run:
         messages = list(prefix.messages)
         if messages and is_user(messages[-1]) and prefix.acknowledgement:
             messages.append({"role": "assistant", "content": prefix.acknowledgement})  # roles keep alternating
-        messages.append({"role": "user", "content": self.templates.compaction_request(window=self.window)})
+        messages.append({"role": "user", "content": self.templates.compaction_request(window=self.window,
+                                                                                      limit=self.limit)})
         return await self._send(None, messages, prefix.tools)
 
     async def _send(self, system: str | None, messages: list[Message], tools: Any = None) -> str:
@@ -235,7 +240,8 @@ class _Run:
         if window is None:
             return [slice(0, len(records))]
         framing = self.counter.count_messages([{"role": "system",
-                                                "content": self.templates.compaction_prompt("", window=window)},
+                                                "content": self.templates.compaction_prompt("", window=window,
+                                                                                            limit=self.limit)},
                                                {"role": "user", "content": instruction}])
         allowed = budget.summarizer_input_budget(window, framing, getattr(self.model, "max_output_tokens", window))
         if allowed <= 0:  # too small to plan by: halving on overflow decides
@@ -255,6 +261,10 @@ def _pack(sizes: list[int], budget: int) -> list[slice]:
     if sizes:
         groups.append(slice(start, len(sizes)))
     return groups
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _tokens(value: Any) -> int | None:

@@ -90,13 +90,16 @@ class Templates:
         for name in TEMPLATE_NAMES:
             self._env.get_template(name)
 
-    def compaction_prompt(self, messages_transcript: str, *, window: int | None = None) -> str:
-        """The system prompt of a transcript-layout request; `window` (the summariser's) picks short or full."""
-        return self.render(COMPACTION_PROMPT, messages=messages_transcript, layout="transcript", window=window or 0)
+    def compaction_prompt(self, messages_transcript: str, *, window: int | None = None,
+                          limit: int | None = None) -> str:
+        """The system prompt of a transcript-layout request; `window` (the summariser's) picks short or full,
+        `limit` (the output asked for) is stated so the model plans a summary that ends in time."""
+        return self.render(COMPACTION_PROMPT, messages=messages_transcript, layout="transcript", window=window or 0,
+                           limit=limit or 0)
 
-    def compaction_request(self, *, window: int | None = None) -> str:
+    def compaction_request(self, *, window: int | None = None, limit: int | None = None) -> str:
         """The one user message that follows the conversation's own messages in a prefix-layout request."""
-        return self.render(COMPACTION_PROMPT, messages="", layout="prefix", window=window or 0)
+        return self.render(COMPACTION_PROMPT, messages="", layout="prefix", window=window or 0, limit=limit or 0)
 
     def compaction_instruction(self) -> str:
         return self.render(COMPACTION_INSTRUCTION)

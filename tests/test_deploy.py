@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import subprocess
@@ -14,7 +13,6 @@ from typing import Any
 
 import pytest
 import yaml
-from aiohttp import web
 
 from proxy.app import create_app
 from proxy.config import Settings, load_settings
@@ -132,7 +130,7 @@ def test_pre_stop_and_grace_period_cover_the_sigterm_drain() -> None:
     spec = k8s_object("Deployment", "compaction-proxy")["spec"]["template"]["spec"]
     command = proxy_container()["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
-    drain = inspect.signature(web.BaseRunner.__init__).parameters["shutdown_timeout"].default
+    drain = load_settings_from_text(configmap_config()).server.shutdown_grace_seconds
     assert spec["terminationGracePeriodSeconds"] >= int(command[1]) + drain
 
 

@@ -153,7 +153,8 @@ async def test_silent_upstream_is_openai_shaped_504(fake: FakeUpstream, make_pro
 async def test_identifying_headers_reach_the_client(proxy: RunningServer) -> None:
     raw = await async_client(proxy.url).chat.completions.with_raw_response.create(
         model="fake-small", messages=MESSAGES)
-    assert raw.headers["x-request-id"] == "req_123"
+    # x-request-id is the proxy's (the client's own when it sent one); the upstream's id is kept beside it.
+    assert raw.headers["x-upstream-request-id"] == "req_123" and raw.headers["x-request-id"] != "req_123"
     assert raw.headers["x-ratelimit-remaining-requests"] == "99"
     assert raw.headers["openai-processing-ms"] == "7"
 

@@ -260,3 +260,9 @@ def test_chunk_instruction_says_where_the_part_sits(
     assert all(text in rendered for text in present)
     assert not any(text in rendered for text in absent)
     assert "{#" not in rendered and "part_index" not in rendered
+
+
+@pytest.mark.parametrize("limit", [0, 300])
+def test_the_output_limit_is_stated_when_known(limit: int, templates: Templates) -> None:
+    for rendered in (templates.compaction_prompt("T", limit=limit), templates.compaction_request(limit=limit)):
+        assert ("must fit in 300 tokens (about 225 words)" in rendered) is bool(limit)

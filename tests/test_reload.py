@@ -1,0 +1,232 @@
+"""Hot reload through the real program: SIGHUP and file edits change behaviour on the next request; a broken
+config is refused with one log line and the old one keeps serving; connections survive reloads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.config import settings_from_mapping
+from proxy.reload import applicable, changed_paths, restart_only
+from tests.fakes.openai_upstream import FakeUpstream
+from tests.fakes.windowed import WindowedModel
+from tests.proxy_process import ProxyProcess, proxy_process
+from tests.test_compaction_e2e import WINDOW, big_history
+
+KEY_A, KEY_B = "reload-key-alpha-1f3e", "reload-key-bravo-9c2d"
+
+
+def write_config(path: Path, tree: dict[str, Any]) -> Path:
+    # Written whole then renamed in, as editors and ConfigMap updates do: the watcher never sees half a file.
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    scratch.replace(path)
+    return path
+
+
+def base_config(fake: FakeUpstream, **server: Any) -> dict[str, Any]:
+    return {"upstream": {"base_url": f"{fake.url}/v1"},
+            "server": {"reload_poll_seconds": 0, **server},
+            "models": {"default": {"context_window": WINDOW}},
+            "compaction": {"threshold": 0, "background": False}}
+
+
+async def status_with(proxy: ProxyProcess, key: str) -> int:
+    async with aiohttp.ClientSession() as session, session.post(
+            f"{proxy.base}/v1/chat/completions", headers={"x-proxy-api-key": key},
+            json={"model": "fake-small", "messages": [{"role": "user", "content": "hi"}]}) as answer:
+        await answer.read()
+        return answer.status
+
+
+async def compaction_of(proxy: ProxyProcess, messages: list[dict[str, Any]]) -> str:
+    async with aiohttp.ClientSession() as session, session.post(
+            f"{proxy.base}/v1/chat/completions", json={"model": "fake-small", "messages": messages}) as answer:
+        assert answer.status == 200, await answer.text()
+        return answer.headers["x-compaction"]
+
+
+async def reloads(proxy: ProxyProcess) -> dict[str, float]:
+    async with aiohttp.ClientSession() as session, session.get(f"{proxy.base}/metrics") as answer:
+        text = await answer.text()
+    return {sample.labels["result"]: sample.value for family in text_string_to_metric_families(text)
+            if family.name == "compaction_proxy_config_reloads" for sample in family.samples
+            if sample.name.endswith("_total")}
+
+
+async def test_sighup_applies_a_changed_proxy_key(tmp_path: Path, fake: FakeUpstream) -> None:
+    config = write_config(tmp_path / "config.yaml", base_config(fake, api_keys=[KEY_A]))
+    async with proxy_process(tmp_path, config) as proxy:
+        assert (await status_with(proxy, KEY_A), await status_with(proxy, KEY_B)) == (200, 401)
+        write_config(config, base_config(fake, api_keys=[KEY_B]))
+        # Watching is off (reload_poll_seconds: 0): only the signal can have applied it.
+        await asyncio.sleep(1.5)
+        assert await status_with(proxy, KEY_A) == 200
+        signalled = time.monotonic()
+        proxy.signal(signal.SIGHUP)
+        output = await proxy.wait_for_log("config reloaded (SIGHUP)")
+        latency = time.monotonic() - signalled
+        assert "server.api_keys changed" in output
+        assert (await status_with(proxy, KEY_A), await status_with(proxy, KEY_B)) == (401, 200)
+        assert (await reloads(proxy)).get("applied") == 1
+        assert KEY_A not in output and KEY_B not in output  # the line names what changed, never a value
+        print(f"SIGHUP to the new key in effect: {latency * 1000:.0f} ms")
+
+
+async def test_a_file_edit_changes_the_threshold_on_the_next_request(tmp_path: Path, fake: FakeUpstream) -> None:
+    fake.chat_hook = WindowedModel(window=WINDOW)
+    tree = base_config(fake, reload_poll_seconds=0.2)
+    config = write_config(tmp_path / "config.yaml", tree)
+    history = big_history(12)  # ~4,100 tokens: over 0.6 of the window with its reserve, well inside the window
+    async with proxy_process(tmp_path, config) as proxy:
+        assert await compaction_of(proxy, history) == "none"  # threshold 0: only an overflow compacts
+        tree["compaction"] = {"threshold": 0.6, "target": 0.3, "background": False}
+        edited = time.monotonic()
+        write_config(config, tree)
+        output = await proxy.wait_for_log("config reloaded (file changed)")
+        latency = time.monotonic() - edited
+        assert "compaction.target, compaction.threshold changed" in output
+        assert await compaction_of(proxy, history) == "proactive"
+        print(f"file edit to the new threshold in effect: {latency * 1000:.0f} ms (poll every 0.2 s)")
+
+
+BROKEN = {
+    "yaml": ("server: [1,\n", "not valid YAML"),
+    "validation": ("compaction:\n  threshold: 0.5\n  target: 0.7\n", "must be below threshold"),
+    "unknown key": ("compaction:\n  threshhold: 0.5\n", "compaction.threshhold: unknown key"),
+    "open relay": (None, "refusing to start as an open relay"),
+    "broken template": (None, "TemplateSyntaxError"),
+}
+
+
+@pytest.mark.parametrize("kind", BROKEN)
+async def test_a_broken_config_is_refused_and_the_old_one_stays(tmp_path: Path, fake: FakeUpstream,
+                                                                 kind: str) -> None:
+    good = {**base_config(fake, api_keys=[KEY_A], host="0.0.0.0"),
+            "upstream": {"base_url": f"{fake.url}/v1", "api_key": "sk-operator-upstream-7d1"}}
+    config = write_config(tmp_path / "config.yaml", good)
+    async with proxy_process(tmp_path, config) as proxy:
+        text, reason = BROKEN[kind]
+        if kind == "open relay":  # valid on its own, but no proxy keys beyond loopback with the operator's key
+            write_config(config, {**good, "server": {**good["server"], "api_keys": []}})
+        elif kind == "broken template":  # a valid file whose prompt override does not compile
+            prompts = tmp_path / "prompts"
+            prompts.mkdir()
+            (prompts / "compaction.md").write_text("{{ unclosed", encoding="utf-8")
+            write_config(config, {**good, "compaction": {**good["compaction"], "prompts_dir": str(prompts)}})
+        else:
+            assert text is not None
+            config.write_text(text, encoding="utf-8")
+        proxy.signal(signal.SIGHUP)
+        output = await proxy.wait_for_log("config reload (SIGHUP) refused, keeping the running config")
+        refusal = next(line for line in output.splitlines() if "refused" in line)
+        assert reason in refusal
+        assert "Traceback" not in output
+        assert (await status_with(proxy, KEY_A), await status_with(proxy, "no-key")) == (200, 401)
+        # A good file afterwards is applied: a refusal leaves nothing half-done behind.
+        write_config(config, {**good, "server": {**good["server"], "api_keys": [KEY_B]}})
+        proxy.signal(signal.SIGHUP)
+        await proxy.wait_for_log("config reloaded (SIGHUP)")
+        assert await status_with(proxy, KEY_B) == 200
+        assert await reloads(proxy) == {"refused": 1, "applied": 1}
+
+
+async def test_restart_only_settings_are_named_and_live_ones_apply(tmp_path: Path, fake: FakeUpstream) -> None:
+    config = write_config(tmp_path / "config.yaml", base_config(fake, api_keys=[KEY_A]))
+    async with proxy_process(tmp_path, config) as proxy:
+        changed = base_config(fake, api_keys=[KEY_B], port=1, shutdown_grace_seconds=3)
+        changed["store"] = {"kind": "sqlite", "path": str(tmp_path / "summaries.db")}
+        write_config(config, changed)
+        proxy.signal(signal.SIGHUP)
+        output = await proxy.wait_for_log("config reloaded (SIGHUP)")
+        warning = next(line for line in output.splitlines() if "restart" in line)
+        for name in ("server.port", "server.shutdown_grace_seconds", "store.kind", "store.path"):
+            assert name in warning
+        assert "server.api_keys" not in warning
+        assert await status_with(proxy, KEY_B) == 200  # still on the old port, with the new key
+        async with aiohttp.ClientSession() as session, session.get(f"{proxy.base}/readyz") as answer:
+            assert answer.status == 200
+        assert not (tmp_path / "summaries.db").exists()
+
+
+async def test_a_stream_and_concurrent_requests_survive_reloads(tmp_path: Path, fake: FakeUpstream) -> None:
+    fake.stream_chunk_delay = 0.05
+    tree = base_config(fake)
+    config = write_config(tmp_path / "config.yaml", tree)
+    words = " ".join(f"w{index}" for index in range(40))  # a 2-second stream
+
+    async def stream() -> str:
+        async with aiohttp.ClientSession() as session, session.post(
+                f"{proxy.base}/v1/chat/completions",
+                json={"model": "fake-small", "stream": True, "messages": [{"role": "user", "content": words}]},
+        ) as answer:
+            assert answer.status == 200
+            return (await answer.read()).decode()
+
+    async def requests(count: int) -> list[str]:
+        return [await compaction_of(proxy, [{"role": "user", "content": f"q{index}"}]) for index in range(count)]
+
+    async with proxy_process(tmp_path, config) as proxy:
+        streaming = asyncio.ensure_future(stream())
+        steady = [asyncio.ensure_future(requests(15)) for _ in range(4)]
+        for window in (4096, 16384, 8192, 32768):
+            await asyncio.sleep(0.3)
+            tree["models"] = {"default": {"context_window": window}}
+            write_config(config, tree)
+            proxy.signal(signal.SIGHUP)
+        body = await asyncio.wait_for(streaming, 15)
+        answers = await asyncio.wait_for(asyncio.gather(*steady), 30)
+        await proxy.wait_for_log("config reloaded (SIGHUP)", count=4)
+        assert body.rstrip().endswith("data: [DONE]") and "w39" in body
+        assert all(outcome == "none" for batch in answers for outcome in batch)
+        assert (await reloads(proxy)).get("applied") == 4
+
+
+def test_applicable_keeps_restart_only_values_and_the_withheld_keys() -> None:
+    running = settings_from_mapping({"server": {"port": 8080, "api_keys": ["old-key"]}}, env={})
+    new = settings_from_mapping({"server": {"port": 9090, "api_keys": ["new-key"], "shutdown_grace_seconds": 5},
+                                 "upstream": {"max_connections": 7, "idle_timeout": 12},
+                                 "store": {"kind": "sqlite", "path": "/tmp/x.db"}}, env={})
+    applied = applicable(new, running)
+    assert (applied.server.port, applied.server.shutdown_grace_seconds) == (8080, 30.0)
+    assert applied.upstream.max_connections == running.upstream.max_connections
+    assert applied.store == running.store
+    assert applied.upstream.idle_timeout == 12
+    assert applied.upstream.withheld_keys == ("new-key",)  # the live keys are never sent upstream either
+    paths = changed_paths(running.model_dump(), new.model_dump())
+    assert restart_only(paths) == ["server.port", "server.shutdown_grace_seconds", "store.kind", "store.path",
+                                   "upstream.max_connections"]
+    assert "new-key" not in json.dumps(paths)
+
+
+async def test_a_burst_of_sighups_applies_the_change_once(tmp_path: Path, fake: FakeUpstream) -> None:
+    config = write_config(tmp_path / "config.yaml", base_config(fake, api_keys=[KEY_A]))
+    async with proxy_process(tmp_path, config) as proxy:
+        write_config(config, base_config(fake, api_keys=[KEY_B]))
+        for _ in range(5):
+            proxy.signal(signal.SIGHUP)
+            await asyncio.sleep(0.01)
+        await proxy.wait_for_log("config reloaded (SIGHUP)")
+        await asyncio.sleep(0.5)  # the rest (those not merged by the kernel) find nothing to apply
+        counted = await reloads(proxy)
+        assert counted.get("applied") == 1 and "refused" not in counted, counted
+        assert await status_with(proxy, KEY_B) == 200
+        assert "Traceback" not in proxy.output()
+
+
+async def test_sighup_without_a_config_file_keeps_serving(tmp_path: Path) -> None:
+    async with proxy_process(tmp_path, None) as proxy:
+        proxy.signal(signal.SIGHUP)
+        await proxy.wait_for_log("no --config file to reload")
+        await proxy.wait_healthy(timeout=5)
+        proxy.signal(signal.SIGTERM)
+        assert await proxy.exit_code() == 0
