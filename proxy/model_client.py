@@ -59,15 +59,15 @@ class ModelClient:
 
     def _request(self, sent: list[dict[str, Any]], tools: Any, kind: Format | None) -> UpstreamRequest:
         """The summariser request: counting its prompt for the output limit is the costly part on a long one."""
-        payload: dict[str, Any] = {"model": self.model, "messages": sent, "stream": False,
-                                   self._output_field: self.output_limit(sent)}
+        limit = self.output_limit(sent)
+        payload: dict[str, Any] = {"model": self.model, "messages": sent, "stream": False, self._output_field: limit}
         if tools is not None:
             # The conversation's own tools keep its prefix identical for the server's cache; "none" asks for text.
             payload["tools"], payload["tool_choice"] = tools, "none"
         if self._temperature is not None:
             payload["temperature"] = self._temperature
         if kind is not None:
-            payload["response_format"] = response_format(kind)
+            payload["response_format"] = response_format(kind, limit)
         return UpstreamRequest("POST", "/chat/completions", "", self._headers, json.dumps(payload).encode())
 
     async def complete(self, system: str | None, messages: list[dict[str, Any]],

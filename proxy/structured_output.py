@@ -26,13 +26,17 @@ _REFUSAL_WORDS = ("response_format", "json_schema", "json_object", "grammar")
 _REFUSAL_SCAN_BYTES = 64 * 1024
 
 
-def response_format(kind: Format) -> dict[str, Any]:
-    """The request field for `kind`: OpenAI's `json_schema`, or llama.cpp's `json_object` with a `schema`."""
+def response_format(kind: Format, limit: int | None = None) -> dict[str, Any]:
+    """The request field for `kind`: OpenAI's `json_schema`, or llama.cpp's `json_object` with a `schema`.
+
+    With `limit` (the reply's output cap) the schema bounds its lists and strings so that a reply filling all of
+    them still ends within the cap: the grammar then ends a weak model's loop instead of the output limit.
+    """
+    schema = summary_schema(limit)
     if kind == "json_schema":
         # strict=False: strict mode would also demand that every property be required.
-        return {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "schema": summary_schema(),
-                                                       "strict": False}}
-    return {"type": "json_object", "schema": summary_schema()}
+        return {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": False}}
+    return {"type": "json_object", "schema": schema}
 
 
 def refuses(status: int, body: bytes, *, accepted_before: bool) -> bool:

@@ -208,17 +208,18 @@ class _Run:
         text = content_text(reply.get("content"))
         self._add_usage(usage, system, messages, text)  # a rejected reply was still billed
         if reply.get("finish_reason") == "length":
+            self._report_parse(None)  # a reply that ran to its limit failed to parse too: it was never whole
             raise SummaryTruncated("summariser reply was cut off by the output limit")
         if not text.strip():
             raise SummarizerError("summariser reply is empty")
         self._report_parse(text)
         return text
 
-    def _report_parse(self, text: str) -> None:
+    def _report_parse(self, text: str | None) -> None:
         # A model that may ask for structured output (proxy.model_client) learns from whether its replies parse.
         report = getattr(self.model, "reply_parsed", None)
         if callable(report):
-            report(StructuredSummary.parse(text) is not None)
+            report(text is not None and StructuredSummary.parse(text) is not None)
 
     def _add_usage(self, usage: Any, system: str | None, messages: list[Message], text: str) -> None:
         reported = usage if isinstance(usage, dict) else {}

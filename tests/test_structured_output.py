@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import random
+import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +19,9 @@ from proxy.model_client import ModelClient
 from proxy.structured_output import FormatMemory, refuses, response_format
 from proxy.summarizer import SummarizerError, summarize
 from proxy.summary import FIELD_NAMES, StructuredSummary, summary_text
-from proxy.summary_schema import SCHEMA_NAME, summary_schema
+from proxy.summary_schema import CHARS_PER_TOKEN, SCHEMA_NAME, summary_schema
+from proxy.templates import Templates
+from proxy.tokens import TokenCounter
 from proxy.upstream import Upstream, create_session
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream, completion
@@ -177,7 +181,8 @@ async def test_a_named_format_is_always_sent(summariser: Summariser, client: Cli
     for index in range(3):
         assert (await summarise(client(mode), index)).startswith("# Conversation Summary\n\n## User Intent")
     assert summariser.formats() == [mode] * 3
-    assert all(body["response_format"] == response_format(mode) for body in summariser.seen)  # type: ignore[arg-type]
+    assert all(body["response_format"] == response_format(mode, body["max_tokens"])  # type: ignore[arg-type]
+               for body in summariser.seen)
     assert all("tools" not in body for body in summariser.seen)
 
 
@@ -362,3 +367,26 @@ async def test_a_plain_client_session_sees_no_difference(summariser: Summariser,
                                     headers={"x-compaction-mode": "force"}) as response:
                 assert response.status == 200 and response.headers["x-compaction"] == "proactive"
     assert summariser.formats() == [None, None, "json_schema", "json_object", None]
+
+
+@pytest.mark.parametrize("limit", [128, 256, 1024, 4096, 16384])
+def test_a_bounded_schema_filled_to_every_bound_still_fits_its_limit(limit: int) -> None:
+    """The worst reply the grammar allows: every list at its most items, every string at its most characters."""
+    schema = summary_schema(limit)
+    counter = TokenCounter()
+    rng = random.Random(limit)
+    # A summary's kind of text: the prompt's words, exact paths, numbers and error codes, shuffled.
+    words = re.findall(r"[\w/.-]+", Templates().compaction_prompt("")) + \
+        [f"src/billing/ledger_{n:04x}.py" for n in range(50)] + [f"E{n}:" for n in range(1000, 1100)] + \
+        [str(rng.randint(0, 99999)) for _ in range(50)]
+
+    def fill(node: dict[str, Any]) -> Any:
+        if node["type"] == "string":
+            return " ".join(rng.choice(words) for _ in range(node["maxLength"]))[:node["maxLength"]]
+        if node["type"] == "array":
+            return [fill(node["items"]) for _ in range(node["maxItems"])]
+        return {name: fill(child) for name, child in node["properties"].items()}
+
+    worst = json.dumps(fill(schema))
+    assert counter.count_text(worst) <= limit, (counter.count_text(worst), len(worst) / CHARS_PER_TOKEN)
+    assert summary_schema(None) == summary_schema() and "maxLength" not in json.dumps(summary_schema())
