@@ -12,7 +12,7 @@ from proxy import budget
 from proxy.errors import ProxyError
 from proxy.offload import off_loop_if_large
 from proxy.overflow import detect_context_overflow
-from proxy.structured_output import Format, FormatMemory, Mode, memory_for, refuses, response_format
+from proxy.structured_output import FORMATS, Format, FormatMemory, Mode, memory_for, refuses, response_format
 from proxy.summarizer import SummarizerError, SummarizerOverflow
 from proxy.upstream import Upstream, UpstreamRequest
 
@@ -49,6 +49,7 @@ class ModelClient:
         self._formats = formats if formats is not None else memory_for(upstream)
         self._key = (upstream.config.base_url, model)
         self._last_format: Format | None = None
+        self._constrain_next = False
 
     def output_limit(self, messages: list[dict[str, Any]]) -> int:
         """The output budget left once the prompt is in; servers reject prompt + max_tokens over the window."""
@@ -88,6 +89,24 @@ class ModelClient:
             log.info("summariser %s at %s: its replies keep failing to parse; asking for the summary schema "
                      "through response_format from now on", self.model, self._key[0])
 
+    def retry_constrained(self) -> bool:
+        """After a plain reply cut off by its limit, in `auto`: whether the next request goes out under the bounded
+        schema instead (its grammar makes the reply end in time). Only that request: a capable model whose ask was
+        too small is not moved to constrained output for good, which costs facts (proxy.structured_output)."""
+        if self._mode != "auto" or self._last_format is not None:
+            return False
+        self._constrain_next = bool(self._available_formats())
+        return self._constrain_next
+
+    def _available_formats(self) -> tuple[Format, ...]:
+        return tuple(kind for kind in FORMATS if self._formats.formats(kind, self._key))
+
+    def _formats_now(self) -> tuple[Format, ...]:
+        if self._constrain_next:
+            self._constrain_next = False
+            return self._available_formats()
+        return self._formats.formats(self._mode, self._key)
+
     async def _constrained_or_plain(self, sent: list[dict[str, Any]], tools: Any, size: int) -> tuple[int, bytes]:
         """(status, body) of the first answer that is not a refusal of its format; the plain request last.
 
@@ -96,7 +115,7 @@ class ModelClient:
         refusals are taken back: the server was down, not unwilling.
         """
         refused: list[Format] = []
-        for kind in (*self._formats.formats(self._mode, self._key), None):
+        for kind in (*self._formats_now(), None):
             try:
                 status, body = await self._send(await off_loop_if_large(size, self._request, sent, tools, kind))
             except SummarizerError:

@@ -193,6 +193,16 @@ class _Run:
         return await self._send(None, messages, prefix.tools)
 
     async def _send(self, system: str | None, messages: list[Message], tools: Any = None) -> str:
+        try:
+            return await self._send_once(system, messages, tools)
+        except SummaryTruncated:
+            # A model that can be constrained is asked once more under a schema bounded to its output limit.
+            retry = getattr(self.model, "retry_constrained", None)
+            if not (callable(retry) and retry()):
+                raise
+        return await self._send_once(system, messages, tools)
+
+    async def _send_once(self, system: str | None, messages: list[Message], tools: Any = None) -> str:
         if self._max_calls and self.calls >= self._max_calls:
             raise SummarizerError(f"the summary needs more than {self._max_calls} summariser calls")
         self.calls += 1

@@ -17,7 +17,7 @@ from aiohttp import web
 from proxy.config import ConfigError, SummarizerConfig, UpstreamConfig, settings_from_mapping
 from proxy.model_client import ModelClient
 from proxy.structured_output import FormatMemory, refuses, response_format
-from proxy.summarizer import SummarizerError, summarize
+from proxy.summarizer import SummarizerError, SummaryTruncated, summarize
 from proxy.summary import FIELD_NAMES, StructuredSummary, summary_text
 from proxy.summary_schema import CHARS_PER_TOKEN, SCHEMA_NAME, summary_schema
 from proxy.templates import Templates
@@ -48,6 +48,7 @@ class Summariser:
 
     refusals: dict[str, tuple[int, Any]] = field(default_factory=dict)
     plain_parses: bool = False
+    plain_cut_off: bool = False  # plain replies run to their output limit, as a small model's loop does
     down: bool = False
     seen: list[dict[str, Any]] = field(default_factory=list)
 
@@ -68,7 +69,10 @@ class Summariser:
             status, payload = self.refusals[kind]
             return web.json_response(payload, status=status)
         text = json.dumps(SUMMARY) if kind else PARSABLE if self.plain_parses else UNPARSABLE
-        return web.json_response(completion(body, text))
+        answer = completion(body, text)
+        if self.plain_cut_off and kind is None:
+            answer["choices"][0]["finish_reason"] = "length"
+        return web.json_response(answer)
 
 
 @pytest.fixture
@@ -390,3 +394,39 @@ def test_a_bounded_schema_filled_to_every_bound_still_fits_its_limit(limit: int)
     worst = json.dumps(fill(schema))
     assert counter.count_text(worst) <= limit, (counter.count_text(worst), len(worst) / CHARS_PER_TOKEN)
     assert summary_schema(None) == summary_schema() and "maxLength" not in json.dumps(summary_schema())
+
+
+async def test_a_plain_reply_cut_off_is_retried_once_under_the_bounded_schema(summariser: Summariser,
+                                                                             client: ClientFactory) -> None:
+    summariser.plain_cut_off = True
+    assert (await summarise(client(), 0)).startswith("# Conversation Summary")
+    assert summariser.formats() == [None, "json_schema"]
+    assert summariser.seen[1]["response_format"] == response_format("json_schema", 512)
+    # That retry was for one request: the next summary starts plain; two cut-off replies in a row then move the
+    # model to constrained output, like two that did not parse.
+    await summarise(client(), 1)
+    await summarise(client(), 2)
+    assert summariser.formats() == [None, "json_schema", None, "json_schema", "json_schema"]
+
+
+@pytest.mark.parametrize("mode", ["off", "json_schema"])
+async def test_a_cut_off_reply_is_not_retried_outside_auto(mode: str, summariser: Summariser,
+                                                          client: ClientFactory) -> None:
+    summariser.plain_cut_off = True
+    if mode == "json_schema":
+        summariser.refusals = {"json_schema": (400, {"error": {"message": "json_schema is not supported"}})}
+    with pytest.raises(SummaryTruncated):
+        await summarise(client(mode), 0)
+    assert summariser.formats() == ([None] if mode == "off" else ["json_schema", None])
+
+
+async def test_a_cut_off_reply_is_not_retried_when_every_format_was_refused(summariser: Summariser,
+                                                                           client: ClientFactory) -> None:
+    summariser.refusals = REFUSES_BOTH
+    for index in range(3):  # two unparsable replies, then both formats tried and refused
+        await summarise(client(), index)
+    assert summariser.formats() == [None, None, "json_schema", "json_object", None]
+    summariser.plain_cut_off = True
+    with pytest.raises(SummaryTruncated):
+        await summarise(client(), 3)
+    assert summariser.formats()[5:] == [None]
