@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 MIN_SUMMARY_TOKENS = 256
 # Summarising must save at least this much beyond the summary itself, or it only costs a summariser call.
 MIN_GAIN_TOKENS = 64
+# The share of the window the summary may count on before recent turns take theirs.
+SUMMARY_SHARE = 0.1
 # A summary should compress what it replaces at least this many times over.
 COMPRESSION = 2
 # A message elided to fit keeps at least this much of its text (both ends), so the model still sees its shape.
@@ -99,15 +101,19 @@ class Allotment:
 def allot(limits: Limits, *, fixed: int, growth: int) -> Allotment:
     """Share the target between recent turns, earlier user messages and the summary, in that order.
 
-    Recent turns come first (their share of the window is what the operator set), then earlier user messages
-    within theirs; the summary gets the rest, never less than a useful summary and never more than its cap.
+    The summary's floor (SUMMARY_SHARE of the window, at least a useful summary) is set aside first; then recent
+    turns take their share (what the operator set), earlier user messages theirs, and the summary gets the rest,
+    never more than its cap.
     """
     goal = limits.target_tokens - limits.reserve - growth
     room = max(0, goal - fixed)
-    spare = max(0, room - MIN_SUMMARY_TOKENS)
+    # The summary's own floor grows with the window: with only the fixed minimum, a 3,072-token window gave it 256
+    # tokens while the tail took 1,024, and small models' summaries of a 2,000-token span ran past that.
+    floor = min(limits.max_summary_tokens, max(MIN_SUMMARY_TOKENS, math.floor(SUMMARY_SHARE * limits.window)))
+    spare = max(0, room - floor)
     tail = min(spare, math.floor(limits.tail_share * limits.window))
     instructions = min(spare - tail, math.floor(limits.instruction_share * limits.window))
-    summary = min(limits.max_summary_tokens, max(MIN_SUMMARY_TOKENS, room - tail - instructions))
+    summary = min(limits.max_summary_tokens, max(floor, room - tail - instructions))
     return Allotment(goal, fixed, summary, tail, instructions, growth)
 
 

@@ -42,14 +42,15 @@ def test_no_proactive_trigger_when_threshold_is_off(threshold: float) -> None:
     # What the module decides for a few windows, the fixed part being head + current round (+ latest user).
     ("window", "reserve", "fixed", "growth", "expected"),
     [
-        # goal = target - reserve - growth; tail first (its share of the window), then earlier user messages,
-        # then the summary gets the rest (at least 256, at most the summariser's cap of 4096).
-        (4000, 1024, 400, 330, {"goal": 646, "tail_tokens": 0, "instruction_tokens": 0, "summary_tokens": 256}),
-        (3000, 1024, 120, 250, {"goal": 226, "tail_tokens": 0, "instruction_tokens": 0, "summary_tokens": 256}),
-        (3000, 256, 120, 250, {"goal": 994, "tail_tokens": 618, "instruction_tokens": 0, "summary_tokens": 256}),
-        (8192, 1024, 308, 369, {"goal": 2703, "tail_tokens": 2048, "instruction_tokens": 91, "summary_tokens": 256}),
+        # goal = target - reserve - growth; the summary's floor first (10 % of the window, at least 256, at most
+        # the summariser's cap of 4096), then the tail (its share of the window), then earlier user messages, then
+        # the summary gets the rest.
+        (4000, 1024, 400, 330, {"goal": 646, "tail_tokens": 0, "instruction_tokens": 0, "summary_tokens": 400}),
+        (3000, 1024, 120, 250, {"goal": 226, "tail_tokens": 0, "instruction_tokens": 0, "summary_tokens": 300}),
+        (3000, 256, 120, 250, {"goal": 994, "tail_tokens": 574, "instruction_tokens": 0, "summary_tokens": 300}),
+        (8192, 1024, 308, 369, {"goal": 2703, "tail_tokens": 1576, "instruction_tokens": 0, "summary_tokens": 819}),
         (32768, 1024, 2000, 800,
-         {"goal": 14560, "tail_tokens": 8192, "instruction_tokens": 3276, "summary_tokens": 1092}),
+         {"goal": 14560, "tail_tokens": 8192, "instruction_tokens": 1092, "summary_tokens": 3276}),
         (128000, 4096, 5000, 2000,
          {"goal": 57904, "tail_tokens": 32000, "instruction_tokens": 12800, "summary_tokens": 4096}),
     ],

@@ -68,7 +68,7 @@ async def test_sixty_turns_never_fail_and_never_resummarise(stream: bool, fake: 
 # Each summary covers a new stretch of the conversation; the exact count follows from the script, the window
 # (4096), threshold 0.8, target 0.5 and tail budget 0.25. A streaming client rebuilds tool-call messages from
 # deltas with slightly different fields, so its history (and where the cuts fall) differs a little.
-EXPECTED_SUMMARIES = {False: 9, True: 9}
+EXPECTED_SUMMARIES = {False: 8, True: 8}
 
 
 async def test_overflow_as_sse_error_after_200_is_compacted(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
