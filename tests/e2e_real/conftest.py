@@ -41,3 +41,17 @@ def llama_server() -> Iterator[LlamaServer]:
     print(f"\nmodel server {server.url} (pid {server.process.pid}, n_ctx {server.n_ctx}, log {server.log_path})")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def llama_server_1024() -> Iterator[LlamaServer]:
+    """SmolLM2-135M at n_ctx 1024: a window smaller than the built-in summariser prompt was written for."""
+    try:
+        model = locate_model(os.environ)
+        python = find_llama_python(os.environ)
+        server = start_llama_server(python, model, n_ctx=1024, log_path=LOG_DIR / "llama_server_1024.log")
+    except ModelServerError as error:
+        pytest.fail(f"the real model server is not available: {error}", pytrace=False)
+    print(f"\nmodel server {server.url} (pid {server.process.pid}, n_ctx {server.n_ctx}, log {server.log_path})")
+    yield server
+    server.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -225,3 +226,38 @@ def count_prompt_tokens(server_url: str, messages: Sequence[Mapping[str, Any]]) 
 
 def _last_lines(text: str, lines: int = 20) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class Perf:
+    """One completion's timings as llama.cpp prints them: prompt tokens evaluated (beyond the cached prefix)."""
+
+    prompt_tokens: int
+    prompt_ms: float
+    eval_tokens: int
+    eval_ms: float
+    cached_tokens: int = 0  # llama-cpp-python's "N prefix-match hit": reused from the request before
+
+
+_PERF = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens"
+                   r"|(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) runs")
+_PREFIX_HIT = re.compile(r"(\d+) prefix-match hit")
+
+
+def parse_perf(text: str) -> list[Perf]:
+    """Every completion's perf lines in a server log, in order (the server evaluates one request at a time).
+
+    A block is `Llama.generate: N prefix-match hit, ...` (only when a prefix was reused), then llama.cpp's
+    `prompt eval time = X ms / N tokens` and `eval time = X ms / N runs`.
+    """
+    found: list[Perf] = []
+    cached, prompt = 0, None
+    for line in text.splitlines():
+        if (hit := _PREFIX_HIT.search(line)) is not None:
+            cached = int(hit.group(1))
+        elif (match := _PERF.search(line)) is not None and match.group(1) is not None:
+            prompt = (float(match.group(1)), int(match.group(2)))
+        elif match is not None and match.group(3) is not None and prompt is not None:
+            found.append(Perf(prompt[1], prompt[0], int(match.group(4)), float(match.group(3)), cached))
+            cached, prompt = 0, None
+    return found

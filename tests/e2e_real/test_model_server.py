@@ -19,9 +19,11 @@ from tests.e2e_real.model_server import (
     SEED,
     LlamaServer,
     ModelServerError,
+    Perf,
     find_llama_python,
     free_port,
     locate_model,
+    parse_perf,
     render_chat_prompt,
     server_command,
     wait_until_ready,
@@ -173,3 +175,21 @@ def test_suite_fails_instead_of_skipping_without_the_model_server(tmp_path: Path
     assert run.returncode == 1, run.stdout
     assert "the real model server is not available" in run.stdout and message in run.stdout
     assert "1 error" in run.stdout and "skipped" not in run.stdout
+
+
+PERF_LOG = """\
+INFO:     127.0.0.1:40112 - "POST /v1/chat/completions HTTP/1.1" 200 OK
+llama_perf_context_print:        load time =       1.74 ms
+llama_perf_context_print: prompt eval time =   63742.45 ms /  1645 tokens (   38.75 ms per token,   25.81 t/s)
+llama_perf_context_print:        eval time =     918.80 ms /    22 runs   (   41.76 ms per token,   23.94 t/s)
+llama_perf_context_print:       total time =   89603.90 ms /  1667 tokens
+Llama.generate: 54 prefix-match hit, remaining 623 prompt tokens to eval
+llama_perf_context_print: prompt eval time =   30361.62 ms /   623 tokens (   48.73 ms per token,   20.52 t/s)
+llama_perf_context_print:        eval time =    1034.47 ms /    20 runs   (   51.72 ms per token,   19.33 t/s)
+llama_perf_context_print:       total time =   31512.43 ms /   643 tokens
+"""
+
+
+def test_perf_lines_are_parsed_per_completion_with_the_cached_prefix() -> None:
+    assert parse_perf(PERF_LOG) == [Perf(1645, 63742.45, 22, 918.8, 0), Perf(623, 30361.62, 20, 1034.47, 54)]
+    assert parse_perf("no perf here\n") == []

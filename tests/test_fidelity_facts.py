@@ -1,0 +1,192 @@
+"""The fidelity benchmark's generator and grading, and that every planted fact reaches the summariser's input."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from bench.fidelity_drive import NEW_SUMMARY, drive, planted_by
+from bench.fidelity_facts import (
+    KINDS,
+    Conversation,
+    Fact,
+    contains,
+    drive_points,
+    facts_in,
+    generate,
+    grade,
+    message_text,
+    request_text,
+)
+from bench.fidelity_report import aggregate
+from tests.conftest import ProxyFactory
+from tests.fakes.openai_upstream import FakeUpstream
+from tests.fakes.windowed import OPENAI_OVERFLOW, WindowedModel
+from tests.sdk import async_client
+
+SEEDS = range(1, 13)
+
+
+def test_the_generator_is_deterministic_for_a_seed() -> None:
+    first, again, other = generate(7), generate(7), generate(8)
+    assert first.messages == again.messages and first.facts == again.facts
+    assert first.messages != other.messages
+    assert {fact.value for fact in first.facts}.isdisjoint({fact.value for fact in other.facts})
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_fact_first_appears_where_it_is_said_to_be_planted(seed: int) -> None:
+    conversation = generate(seed)
+    assert {fact.kind for fact in conversation.facts} >= set(KINDS)
+    for fact in conversation.facts:
+        assert contains(message_text(conversation.messages[fact.index]), fact.value), fact
+        earlier = [index for index in range(fact.index) if contains(message_text(conversation.messages[index]),
+                                                                     fact.value)]
+        assert earlier == [], (fact, earlier)
+
+
+@pytest.mark.parametrize("cycles", [1, 2, 3])
+def test_facts_are_spread_over_the_conversation_and_tool_calls_are_answered(cycles: int) -> None:
+    conversation = generate(3, window=1536, cycles=cycles)
+    indices = [fact.index for fact in conversation.facts]
+    assert indices == sorted(indices) and indices[-1] < len(conversation.messages) - 2
+    calls = {call["id"] for message in conversation.messages for call in message.get("tool_calls") or ()}
+    results = {message["tool_call_id"] for message in conversation.messages if message["role"] == "tool"}
+    assert calls == results
+    assert drive_points(conversation.messages)[-1] == len(conversation.messages) - 1
+
+
+def test_overridden_decisions_are_graded_by_the_new_value_and_the_old_one_is_stale() -> None:
+    fact = Fact("override", "overridden", "snapfmt_raven_7b7", "?", 9, stale="snapfmt_amber_7ef")
+    assert grade("We use SNAPFMT_raven_7b7.", fact) == {"correct": True, "stale": False}
+    assert grade("snapfmt_amber_7ef", fact) == {"correct": False, "stale": True}
+    assert grade("no idea", fact) == {"correct": False, "stale": False}
+
+
+@pytest.mark.parametrize(("answer", "value", "expected"), [
+    ("The error was `E4721:  checksum mismatch\nin shard 12`.", "E4721: checksum mismatch in shard 12", True),
+    ("E4721: checksum mismatch in shard 1", "E4721: checksum mismatch in shard 12", False),
+    ("port 48213.", "48213", True),
+    ("port 148213", "48213", False),
+    ("src/Billing/LEDGER_7f3a.py", "src/billing/ledger_7f3a.py", True),
+])
+def test_grading_is_an_exact_value_match(answer: str, value: str, expected: bool) -> None:
+    assert contains(answer, value) is expected
+
+
+def test_the_report_gives_recall_per_kind_and_arm_with_its_spread() -> None:
+    probes = [{"replicate": r, "cycle": 1, "arm": arm, "kind": kind, "correct": correct}
+              for r, arm, kind, correct in [(0, "proxy", "path", True), (0, "proxy", "number", False),
+                                            (0, "proxy", "number", True), (1, "proxy", "path", False),
+                                            (1, "proxy", "number", True), (0, "full", "path", True),
+                                            (1, "full", "path", True)]]
+    table = aggregate(probes)
+    assert table[1]["proxy"]["path"] == {"mean": 0.5, "min": 0.0, "max": 1.0, "n": 2}
+    assert table[1]["proxy"]["number"] == {"mean": 0.75, "min": 0.5, "max": 1.0, "n": 3}
+    assert table[1]["proxy"]["overall"] == {"mean": pytest.approx((2 / 3 + 1 / 2) / 2), "min": 0.5,
+                                            "max": pytest.approx(2 / 3), "n": 5}
+    assert table[1]["full"]["overall"]["mean"] == 1.0
+
+
+@dataclass
+class FactSummariser:
+    """A windowed fake whose summariser repeats every planted value of its input: a lossless summariser.
+
+    Requests are told apart by their last message: a chat turn ends with what the client sent last, a summary
+    request with the proxy's own instruction (whatever its layout).
+    """
+
+    window: int
+    facts: list[Fact]
+    # Summary requests longer than this share of a compaction's first one overflow, as on a server whose window
+    # is a little smaller than the proxy believes: the proxy then goes down its tool-result removal ladder.
+    shrink: float | None = None
+    model: WindowedModel = field(init=False)
+    last_sent: dict[str, Any] | None = None
+    step: int = -1
+    summaries: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    chats: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    firsts: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.model = WindowedModel(window=self.window)
+
+    async def __call__(self, request: web.Request, body: dict[str, Any], state: FakeUpstream) -> web.StreamResponse:
+        if body["messages"][-1] == self.last_sent:
+            self.chats.append((self.step, body))
+            return await self.model(request, body, state)
+        prompt = self.model.prompt_tokens(body)
+        first = self.firsts.setdefault(self.step, prompt)
+        if prompt + int(body.get("max_tokens") or 0) > self.window or (self.shrink and prompt > self.shrink * first):
+            overflow = json.dumps(OPENAI_OVERFLOW).replace("{window}", str(self.window)).replace("{prompt}",
+                                                                                                str(prompt))
+            return web.Response(status=400, text=overflow, content_type="application/json")
+        self.summaries.append((self.step, body))
+        kept = [fact.value for fact in self.facts if contains(request_text(body), fact.value)]
+        summary = {"user_intent": ["fix the reconciliation tests"], "technical_concepts": kept}
+        reply = f"<analysis>{len(kept)} facts.</analysis>\n```json\n{json.dumps(summary)}\n```"
+        return web.json_response({"id": "chatcmpl-facts", "object": "chat.completion", "created": 1700000000,
+                                  "model": body.get("model"), "choices": [{"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": reply}}],
+                                  "usage": {"prompt_tokens": prompt, "completion_tokens": 60,
+                                            "total_tokens": prompt + 60}})
+
+
+def lost_facts(conversation: Conversation, fake: FactSummariser, points: list[int]) -> list[str]:
+    """Facts that reached neither a summariser request nor, verbatim, the compacted request of each compaction."""
+    lost = []
+    for point in points:
+        facts = planted_by(conversation, point)
+        forwarded = [body for step, body in fake.chats if step == point][-1]
+        kept = [message for message in forwarded["messages"] if message in conversation.messages]
+        summarised = "\n".join(request_text(body) for step, body in fake.summaries if step == point)
+        for fact in facts:
+            verbatim = conversation.messages[fact.index] in kept
+            if not verbatim and fact.key not in facts_in(summarised, facts):
+                lost.append(f"compaction at message {point}: {fact.key} ({fact.value}) not in the summariser input")
+            if fact.key not in facts_in(request_text(forwarded), facts):
+                lost.append(f"compaction at message {point}: {fact.key} ({fact.value}) not in the compacted request")
+    return lost
+
+
+async def run_through_proxy(fake: FakeUpstream, make_proxy: ProxyFactory, window: int,
+                            shrink: float | None = None, layout: str = "transcript") \
+        -> tuple[Conversation, FactSummariser, list[int]]:
+    conversation = generate(5, window=window, cycles=3)
+    model = FactSummariser(window, conversation.facts, shrink)
+    fake.chat_hook = model
+    proxy = await make_proxy({"models": {"default": {"context_window": window}},
+                              "upstream": {"discover_windows": False},
+                              "compaction": {"background": False, "summarizer": {"temperature": 0, "layout": layout}}})
+    client = async_client(proxy.url)
+
+    def on_turn(point: int) -> None:
+        model.step, model.last_sent = point, conversation.messages[point]
+
+    points = [turn.point async for turn in drive(client, "fidelity", conversation, 3, on_turn)
+              if turn.compaction in NEW_SUMMARY]
+    return conversation, model, points
+
+
+@pytest.mark.parametrize("layout", ["transcript", "prefix"])
+@pytest.mark.parametrize("window", [1536, 4096])
+async def test_every_planted_fact_reaches_the_summariser_or_stays_verbatim(fake: FakeUpstream,
+                                                                           make_proxy: ProxyFactory,
+                                                                           window: int, layout: str) -> None:
+    conversation, model, points = await run_through_proxy(fake, make_proxy, window, layout=layout)
+    assert len(points) == 3, "the conversation must compact three times"
+    assert all(len([b for s, b in model.summaries if s == point]) >= 1 for point in points)
+    assert lost_facts(conversation, model, points) == []
+
+
+async def test_the_check_fails_when_the_summariser_input_loses_tool_results(fake: FakeUpstream,
+                                                                           make_proxy: ProxyFactory) -> None:
+    # The transcript layout: the ladder rewrites the transcript it sends (the prefix layout has no ladder rung
+    # that keeps the conversation's own messages, so it is not the case this control exercises).
+    conversation, model, points = await run_through_proxy(fake, make_proxy, 4096, shrink=0.9)
+    assert len(points) == 3
+    assert any("not in the summariser input" in problem for problem in lost_facts(conversation, model, points))
