@@ -28,6 +28,7 @@ REMOVAL_LADDER = (10, 20, 50, 100)  # percent of the tool results left out, rung
 REMOVED_TOOL_RESULT = "[tool result left out to fit the summariser's context window]"
 MAX_SPLIT_DEPTH = 8  # halvings of one stretch of history: at most 2**8 parts before giving up
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+PARTS_SEPARATOR = "\n\n"  # between partial summaries that could not be merged into one
 
 
 class SummarizerError(Exception):
@@ -350,9 +351,11 @@ async def _merge(run: _Run, partials: list[str]) -> str:
         return await _merge(run, [await _merged_text(run, partials[group]) for group in groups])
     try:
         return await run.ask(format_transcript(messages), instruction)
-    except SummarizerOverflow as overflow:
+    except SummarizerOverflow:
         if len(partials) <= 2:
-            raise SummarizerError("the partial summaries are too long to merge") from overflow
+            # Two parts too long to merge in this window stand side by side, oldest first: nothing is lost, and
+            # the plan's own fit checks still apply to the longer summary.
+            return PARTS_SEPARATOR.join(partials)
     first, second = _halves(partials)
     return await _merge(run, [await _merged_text(run, first), await _merged_text(run, second)])
 

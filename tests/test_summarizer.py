@@ -318,14 +318,14 @@ async def test_a_single_message_that_overflows_is_an_error(
     assert len(model.requests) == caught.value.calls == expected_calls
 
 
-async def test_partial_summaries_too_long_to_merge_are_an_error(templates: Templates) -> None:
+async def test_partial_summaries_too_long_to_merge_stand_side_by_side(templates: Templates) -> None:
     model = ScriptedModel(overflows=lambda request: "partial summaries" in request.instruction
                           or len(request.transcript) > 3000)
-    with pytest.raises(SummarizerError, match="too long to merge") as caught:
-        await summarize(model, chat(8, padding=500), templates)
-    assert isinstance(caught.value.__cause__, SummarizerOverflow)
+    summary = await summarize(model, chat(8, padding=500), templates)
     assert [label(request, templates) for request in model.requests] == [
         "direct", "part 1/2", "part 2/2", "merge 2"]
+    assert summary.strategy == "chunked" and summary.structured is None
+    assert markers(summary.text) == [f"FACT-{index}" for index in range(8)], "both parts, whole, oldest first"
 
 
 async def test_no_messages_is_an_error_without_a_request(templates: Templates) -> None:
