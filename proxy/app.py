@@ -22,6 +22,7 @@ from proxy.request_log import on_response_prepare, request_log
 from proxy.runtime import RuntimeSlot, Shared, TrackedFlights, build_runtime, load_templates, pin_runtime, pinned
 from proxy.server_timeouts import REFUSED_BODY_LINGER, GuardedAppRunner
 from proxy.store import open_store
+from proxy.store_timing import TimedStore
 from proxy.tokens import TokenCounter
 from proxy.upstream import create_session
 
@@ -61,7 +62,8 @@ async def _shared_and_runtime(app: web.Application) -> AsyncIterator[None]:
     them is replaced on reload (proxy.reload) and closed here with any runtime still retiring."""
     settings, metrics = app[SETTINGS], app[METRICS]
     count_store_error = metrics.store_errors_counter()
-    store = open_store(settings.store, on_error=count_store_error)
+    # Timed where requests wait on it; Redis's lease calls pass through (and count as a LeaseStore still).
+    store = TimedStore(open_store(settings.store, on_error=count_store_error), metrics.store_latency())
     # A waiter gives up on another replica's summary after the summariser's own deadline plus one lease expiry.
     flights = open_flights(store, on_error=count_store_error,
                            max_wait=settings.compaction.summarizer.timeout + settings.store.lock_ttl_seconds)

@@ -49,6 +49,9 @@ class Metrics:
         self.compaction_seconds = Histogram(
             "compaction_proxy_compaction_seconds", "Time to build one summary", registry=self.registry,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
+        self.store_seconds = Histogram(
+            "compaction_proxy_store_seconds", "Time of one summary store operation, by operation", ["operation"],
+            registry=self.registry, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2))
         self.store_errors = Counter(
             "compaction_proxy_store_errors", "Summary store operations that failed", ["operation"],
             registry=self.registry)
@@ -95,6 +98,10 @@ class Metrics:
     def upstream_latency(self) -> Callable[[float], None]:
         """A callback for the upstream client: seconds until one response's headers arrived."""
         return self.upstream_seconds.observe
+
+    def store_latency(self) -> Callable[[str, float], None]:
+        """A callback for the timed store: one operation's seconds, by operation."""
+        return lambda operation, seconds: self.store_seconds.labels(operation).observe(seconds)
 
     def store_errors_counter(self) -> Callable[[str], None]:
         """A callback for the summary store and flights: one failed operation ("lookup", "put", "acquire") counted."""

@@ -84,3 +84,6 @@ async def test_metrics_parse_and_match_what_happened(fake: FakeUpstream, make_pr
     upstream_calls = len(model.received) + 1  # every chat and summariser call, and the models listing
     assert value("compaction_proxy_upstream_response_seconds_count") == upstream_calls
     assert value("compaction_proxy_compaction_tokens_count", stage="before") == 1
+    # Every chat request looks its prefix up once (4), and the one summary built was stored once.
+    assert value("compaction_proxy_store_seconds_count", operation="longest_match") == 4
+    assert value("compaction_proxy_store_seconds_count", operation="put") == 1
