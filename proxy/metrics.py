@@ -49,6 +49,11 @@ class Metrics:
         self.compaction_seconds = Histogram(
             "compaction_proxy_compaction_seconds", "Time to build one summary", registry=self.registry,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
+        self.overhead_seconds = Histogram(
+            "compaction_proxy_overhead_seconds",
+            "The proxy's own time on a chat request before forwarding it (fingerprint, reuse lookup, planning; "
+            "a summary built on the way excluded)", registry=self.registry,
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
         self.store_seconds = Histogram(
             "compaction_proxy_store_seconds", "Time of one summary store operation, by operation", ["operation"],
             registry=self.registry, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -101,6 +102,7 @@ class ChatPipeline:
 
     async def _journey(self, call: ChatCall, stack: AsyncExitStack) -> Answer:
         assert call.messages is not None
+        started = time.perf_counter()
         namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
         chain = await self._fingerprint(call, namespace)
         conversation = await self._compactor.reuse(call.messages, chain, namespace)
@@ -109,8 +111,13 @@ class ChatPipeline:
         await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
                                     headers=call.headers)
         journey = Journey(call, conversation, self._limits(call), trigger="reused" if conversation.record else "none")
+        summarising = 0.0
         if self._mode(call) == "force" or budget.over_threshold(journey.limits, self._estimate(journey)):
+            compacting = time.perf_counter()
             await self._compact(journey, "proactive")
+            summarising = time.perf_counter() - compacting
+        # The proxy's own time before forwarding (fingerprint, reuse lookup, planning), a summary's excluded.
+        self._metrics.overhead_seconds.observe(time.perf_counter() - started - summarising)
         attempt = await self._send(journey, stack)
         if attempt.overflow:
             self._metrics.overflow_errors.labels("first").inc()

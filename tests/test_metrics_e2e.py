@@ -87,3 +87,5 @@ async def test_metrics_parse_and_match_what_happened(fake: FakeUpstream, make_pr
     # Every chat request looks its prefix up once (4), and the one summary built was stored once.
     assert value("compaction_proxy_store_seconds_count", operation="longest_match") == 4
     assert value("compaction_proxy_store_seconds_count", operation="put") == 1
+    assert value("compaction_proxy_overhead_seconds_count") == 4  # the four compactable chat requests
+    assert 0 < value("compaction_proxy_overhead_seconds_sum") < 4 * 1.0
