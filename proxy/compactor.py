@@ -217,10 +217,20 @@ class Compactor:
             self._backoff.failed(job.backoff_key)
             self._account_failure(job, error, time.monotonic() - started)
             raise
-        self._backoff.succeeded(job.backoff_key)
         continuation, acknowledgement = self._fillers
         messages = replacement(job.plan, summary.message, continuation, acknowledgement)
         tokens_after = sum(self._counter.count_message(m) for m in messages)
+        if not budget.fits_window(job.limits, tokens_after):
+            # A summary (parts kept side by side, say) that alone leaves no room in the window helps no one, and
+            # stored it would be spliced into every later turn and summarised again: it is refused, not stored.
+            # (The tail is not counted: an oversized tool result in it is elided after this.)
+            too_long = SummarizerError(f"the summary and what stays before it take {tokens_after} tokens: no room "
+                                       f"left in the window of {job.limits.window}")
+            too_long.usage, too_long.calls = summary.usage, summary.calls
+            self._backoff.failed(job.backoff_key)
+            self._account_failure(job, too_long, time.monotonic() - started)
+            raise too_long
+        self._backoff.succeeded(job.backoff_key)
         record = CompactedPrefix(job.prefix_hash, job.prefix_len, tuple(messages),
                                  job.plan.tokens_before - job.plan.tail_tokens, tokens_after, job.model, time.time())
         self._account(job, summary, record, seconds=time.monotonic() - started)

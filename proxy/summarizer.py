@@ -29,9 +29,6 @@ REMOVED_TOOL_RESULT = "[tool result left out to fit the summariser's context win
 MAX_SPLIT_DEPTH = 8  # halvings of one stretch of history: at most 2**8 parts before giving up
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 PARTS_SEPARATOR = "\n\n"  # between partial summaries that could not be merged into one
-# A summary may run this much over its ask (rendering, tokenizer differences) before it counts as too long.
-LENGTH_TOLERANCE = 1.5
-LENGTH_SLACK_TOKENS = 64
 
 
 class SummarizerError(Exception):
@@ -113,7 +110,6 @@ async def summarize(model: ChatModel, messages: Sequence[Any], templates: Templa
         error.usage, error.calls = dict(run.usage), run.calls
         raise
     text = summary_text(reply, run.templates)
-    run.check_length(text)
     return Summary(message={"role": "user", "content": text}, usage=dict(run.usage), calls=run.calls,
                    structured=StructuredSummary.parse(reply), text=text, strategy=strategy)
 
@@ -182,18 +178,6 @@ class _Run:
     def limit(self) -> int | None:
         """The output the model is asked for, stated in the prompt."""
         return _positive(getattr(self.model, "max_output_tokens", None))
-
-    def check_length(self, text: str) -> None:
-        """A summary much longer than the output asked for (partial summaries kept side by side) would leave the
-        request it goes into over its budget, and be summarised again at once: it is refused, nothing is stored."""
-        limit = self.limit
-        if limit is None:
-            return
-        tokens = self.counter.count_text(text)
-        if tokens > limit * LENGTH_TOLERANCE + LENGTH_SLACK_TOKENS:
-            error = SummarizerError(f"the summary is {tokens} tokens, far over the {limit} asked for")
-            error.usage, error.calls = dict(self.usage), self.calls
-            raise error
 
     async def ask(self, transcript: str, instruction: str) -> str:
         """One transcript-layout request (no tools); the reply text once it is accepted as a summary."""
@@ -370,7 +354,7 @@ async def _merge(run: _Run, partials: list[str]) -> str:
     except SummarizerOverflow:
         if len(partials) <= 2:
             # Two parts too long to merge in this window stand side by side, oldest first: nothing is lost, and
-            # the plan's own fit checks still apply to the longer summary.
+            # the compactor refuses the summary if the request it goes into would not fit.
             return PARTS_SEPARATOR.join(partials)
     first, second = _halves(partials)
     return await _merge(run, [await _merged_text(run, first), await _merged_text(run, second)])

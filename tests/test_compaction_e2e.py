@@ -9,12 +9,13 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
 
 from proxy.plan import check_tool_pairing
 from tests.conftest import ProxyFactory
-from tests.fakes.openai_upstream import FakeUpstream
+from tests.fakes.openai_upstream import FakeUpstream, completion
 from tests.fakes.summariser_requests import is_summarizer_request, summarised_text
-from tests.fakes.windowed import FACT, Overflow, WindowedModel
+from tests.fakes.windowed import FACT, Overflow, Received, WindowedModel
 from tests.sdk import async_client
 
 SYSTEM = {"role": "system", "content": "You keep a list of facts. Answer briefly."}
@@ -418,3 +419,26 @@ async def test_retry_that_cannot_reach_the_upstream_returns_the_original_error(
         await async_client(proxy.url).chat.completions.create(model="fake-small", messages=big_history(30))
     assert caught.value.response.headers["x-compaction"] == "failed"
     assert caught.value.response.json()["error"]["code"] == "context_length_exceeded"
+
+
+async def test_a_summary_that_leaves_the_request_over_the_window_is_refused_and_not_stored(
+        model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config(background=False))
+    client = async_client(proxy.url)
+    await calibrated(client, model)
+
+    async def rambling_summariser(request: Any, body: dict[str, Any], state: FakeUpstream) -> Any:
+        if is_summarizer_request(body.get("messages") or []):  # parts kept side by side can add up like this
+            model.received.append(Received(0.0, body, 0, True))
+            return web.json_response(completion(body, "FACT-0 " + "more words " * 4000))
+        return await WindowedModel.__call__(model, request, body, state)
+
+    fake.chat_hook = rambling_summariser
+    history = big_history(20)
+    first = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
+    assert first.headers["x-compaction"] == "failed"
+    assert first.parse().choices[0].message.content  # the request as sent still fitted: it was answered
+    assert all(call.prompt_tokens <= model.window for call in model.chat_calls)
+    fake.chat_hook = model
+    second = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
+    assert second.headers["x-compaction"] != "reused", "the refused summary must not have been stored"

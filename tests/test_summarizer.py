@@ -562,20 +562,3 @@ async def test_the_prompt_is_the_short_form_on_a_small_window(templates: Templat
     await summarize(model, chat(4), templates)
     assert model.requests[0].system == templates.compaction_prompt(format_transcript(chat(4)), window=1024)
     assert "<analysis>" not in model.requests[0].system
-
-
-async def test_a_summary_far_longer_than_asked_is_refused(templates: Templates) -> None:
-    """Parts kept side by side can add up past the ask; such a summary would overflow the request it goes into."""
-    model = ScriptedModel(overflows=lambda request: "partial summaries" in request.instruction
-                          or len(request.transcript) > 3000, padding=400)
-    model.max_output_tokens = 100  # type: ignore[attr-defined]
-    with pytest.raises(SummarizerError, match="far over the 100 asked for") as caught:
-        await summarize(model, chat(8, padding=500), templates)
-    assert caught.value.calls == 4 and caught.value.usage["prompt_tokens"] == 200  # the two parts that replied
-
-
-async def test_a_summary_within_its_ask_is_kept(templates: Templates) -> None:
-    model = ScriptedModel()
-    model.max_output_tokens = 100  # type: ignore[attr-defined]
-    summary = await summarize(model, chat(4), templates)
-    assert summary.calls == 1 and markers(summary.text) == [f"FACT-{index}" for index in range(4)]

@@ -1,5 +1,6 @@
-"""A capable small model (Qwen2.5-Coder-0.5B) behind the proxy: with the built-in prompts its summary parses as the
-structured schema, is rendered, and the conversation goes on — in both summariser layouts."""
+"""A capable small model (Qwen2.5-Coder-0.5B) behind the proxy: with the built-in prompts and the schema sent through
+`response_format`, its summary parses as the structured schema, is rendered, and the conversation goes on — in both
+summariser layouts."""
 
 from __future__ import annotations
 
@@ -103,15 +104,20 @@ def summaries(recorder: Recorder) -> list[Exchange]:
 
 @pytest.mark.parametrize("layout", ["prefix", "transcript"])
 async def test_the_summary_parses_as_the_schema_and_the_conversation_goes_on(layout: str, rig: Any) -> None:
-    url, recorder = await rig({"layout": layout})
+    # Constrained output: this 0.5B model's plain replies parse only some of the time (one wrote its fields as
+    # YAML-like notes); under llama.cpp's grammar (json_object with the bounded schema) every reply is the schema.
+    url, recorder = await rig({"layout": layout, "structured_output": "json_object"})
     client = async_client(url, api_key="sk-real-model", timeout=900)
     history = agent_history()
     first = await client.chat.completions.with_raw_response.create(
         model=MODEL, messages=history, tools=TOOLS, max_tokens=64, temperature=0, seed=SEED)
     assert first.headers["x-compaction"] == "proactive", first.headers.get("x-compaction-reason")
-    [summary] = summaries(recorder)
-    assert layout_of(summary.request["messages"]) == layout
+    asked = summaries(recorder)
+    assert asked and all(layout_of(exchange.request["messages"]) == layout for exchange in asked)
+    summary = asked[-1]
     assert summary.status == 200 and summary.finish_reason == "stop", summary.answer
+    assert summary.request["response_format"]["type"] == "json_object"
+    assert summary.request["response_format"]["schema"]["properties"]["user_intent"]["maxItems"] >= 1
     forwarded = [e for e in recorder.exchanges if e.is_chat and e not in summaries(recorder)][-1]
     text = json.dumps(forwarded.request["messages"])
     # Only a reply that parsed as the schema is rendered under these headings; the raw fallback has none.
@@ -123,5 +129,5 @@ async def test_the_summary_parses_as_the_schema_and_the_conversation_goes_on(lay
                 {"role": "user", "content": "Thanks. Now run the tests again."}]
     second = await client.chat.completions.with_raw_response.create(
         model=MODEL, messages=history, tools=TOOLS, max_tokens=64, temperature=0, seed=SEED)
-    assert second.headers["x-compaction"] == "reused" and len(summaries(recorder)) == 1
+    assert second.headers["x-compaction"] == "reused" and len(summaries(recorder)) == len(asked)
     assert second.parse().choices[0].finish_reason in ("stop", "length", "tool_calls")

@@ -56,7 +56,9 @@ def proxy_config(upstream: str, n_ctx: int, compaction: dict[str, Any]) -> dict[
             # within 40 tokens, where a summary in five sentences made it loop to the limit (see compaction.md).
             "compaction": {"threshold": 0.8, "target": 0.5, "tail_budget": 0.25, "prompts_dir": str(PROMPTS_DIR),
                            # Plain replies: constrained output is measured by the fidelity benchmark, not here.
-                           "summarizer": {"timeout": 300, "temperature": 0, "structured_output": "off"},
+                           "summarizer": {"timeout": 300, "temperature": 0, "structured_output": "off",
+                                          # This suite's prompts are written for the transcript layout.
+                                          "layout": "transcript"},
                            **compaction}}
 
 
