@@ -55,27 +55,29 @@ async def test_sigterm_lets_a_long_stream_finish_and_refuses_new_connections(tmp
     output = proxy.output()
     assert code == 0, output
     assert "w29" in body and body.rstrip().endswith("data: [DONE]")
-    assert refused_after < 1 < streamed_until, (refused_after, streamed_until)
+    # Refused while the stream was still running (not a timing bound: a busy CI machine took 1.02 s to refuse).
+    assert refused_after < streamed_until and streamed_until > 1, (refused_after, streamed_until)
     assert "1 request(s) in progress" in output and "Traceback" not in output
     print(f"new connections refused {refused_after * 1000:.0f} ms after SIGTERM; the stream ran "
           f"{streamed_until:.2f} s more; exit after {drained:.2f} s")
 
 
 async def test_the_grace_period_bounds_a_stream_that_never_ends(tmp_path: Path, fake: FakeUpstream) -> None:
-    config = config_file(tmp_path, fake, server={"shutdown_grace_seconds": 1})
+    config = config_file(tmp_path, fake, server={"shutdown_grace_seconds": 4})
     async with proxy_process(tmp_path, config) as proxy, aiohttp.ClientSession() as session:
         async with session.get(f"{proxy.base}/v1/endless") as answer:
             assert answer.status == 200
             await asyncio.wait_for(answer.content.readany(), 5)
             signalled = time.monotonic()
             proxy.signal(signal.SIGTERM)
-            code = await proxy.exit_code(timeout=10)
+            code = await proxy.exit_code(timeout=15)
             exited = time.monotonic() - signalled
     output = proxy.output()
     assert code == 0, output
-    assert 0.9 < exited < 2.5, exited  # the grace period in all, not aiohttp's two waits of it
+    # The grace period in all, not aiohttp's two waits of it (8 s): the margin is for a busy machine's teardown.
+    assert 3.9 < exited < 7, exited
     assert "Traceback" not in output
-    print(f"endless stream, grace 1 s: exit after {exited:.2f} s")
+    print(f"endless stream, grace 4 s: exit after {exited:.2f} s")
 
 
 async def test_a_stream_longer_than_half_the_grace_still_finishes(tmp_path: Path, fake: FakeUpstream) -> None:
