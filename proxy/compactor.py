@@ -209,14 +209,23 @@ class Compactor:
     async def _summarise(self, job: _Job) -> CompactedPrefix:
         started = time.monotonic()
         try:
-            config = self._settings.compaction.summarizer
-            summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens),
-                                      list(job.plan.to_summarise), self._templates, counter=self._counter,
-                                      max_calls=config.max_calls, deadline=config.timeout, prefix=job.prefix)
+            summary, messages, tokens_after = await self._fitting_summary(job)
         except SummarizerError as error:
             self._backoff.failed(job.backoff_key)
             self._account_failure(job, error, time.monotonic() - started)
             raise
+        self._backoff.succeeded(job.backoff_key)
+        record = CompactedPrefix(job.prefix_hash, job.prefix_len, tuple(messages),
+                                 job.plan.tokens_before - job.plan.tail_tokens, tokens_after, job.model, time.time())
+        self._account(job, summary, record, seconds=time.monotonic() - started)
+        return record
+
+    async def _fitting_summary(self, job: _Job) -> tuple[Summary, list[Message], int]:
+        """The summary, the replacement it makes and that replacement's tokens; SummarizerError when none fits."""
+        config = self._settings.compaction.summarizer
+        summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens),
+                                  list(job.plan.to_summarise), self._templates, counter=self._counter,
+                                  max_calls=config.max_calls, deadline=config.timeout, prefix=job.prefix)
         continuation, acknowledgement = self._fillers
         messages = replacement(job.plan, summary.message, continuation, acknowledgement)
         tokens_after = sum(self._counter.count_message(m) for m in messages)
@@ -227,14 +236,8 @@ class Compactor:
             too_long = SummarizerError(f"the summary and what stays before it take {tokens_after} tokens: no room "
                                        f"left in the window of {job.limits.window}")
             too_long.usage, too_long.calls = summary.usage, summary.calls
-            self._backoff.failed(job.backoff_key)
-            self._account_failure(job, too_long, time.monotonic() - started)
             raise too_long
-        self._backoff.succeeded(job.backoff_key)
-        record = CompactedPrefix(job.prefix_hash, job.prefix_len, tuple(messages),
-                                 job.plan.tokens_before - job.plan.tail_tokens, tokens_after, job.model, time.time())
-        self._account(job, summary, record, seconds=time.monotonic() - started)
-        return record
+        return summary, messages, tokens_after
 
     def _count_calls(self, calls: int, usage: Mapping[str, int], result: str) -> None:
         metrics = self._metrics
