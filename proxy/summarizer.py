@@ -12,7 +12,8 @@ from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
 from proxy import budget
-from proxy.messages import Message, content_text, is_tool_result, is_user
+from proxy.elision import elide_text
+from proxy.messages import Message, content_text, is_tool_result, is_user, with_text
 from proxy.offload import off_loop_if_large
 from proxy.summary import StructuredSummary, summary_text
 from proxy.templates import Templates, default_templates
@@ -29,6 +30,8 @@ REMOVED_TOOL_RESULT = "[tool result left out to fit the summariser's context win
 MAX_SPLIT_DEPTH = 8  # halvings of one stretch of history: at most 2**8 parts before giving up
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 PARTS_SEPARATOR = "\n\n"  # between partial summaries that could not be merged into one
+# A message shorter than this is not worth eliding: its overflow comes from the prompt, not from its text.
+MIN_ELIDABLE_TOKENS = 32
 
 
 class SummarizerError(Exception):
@@ -246,17 +249,21 @@ class _Run:
                               strict=True):
             self.usage[key] += value
 
-    def token_groups(self, records: list[str], instruction: str) -> list[slice]:
-        """Consecutive records grouped to fit a known window; one group when the window is unknown."""
+    def input_room(self, instruction: str) -> int | None:
+        """Tokens of transcript a request with `instruction` can carry; None when the window is unknown."""
         window = self.window
         if window is None:
-            return [slice(0, len(records))]
+            return None
         framing = self.counter.count_messages([{"role": "system",
                                                 "content": self.templates.compaction_prompt("", window=window,
                                                                                             limit=self.limit)},
                                                {"role": "user", "content": instruction}])
-        allowed = budget.summarizer_input_budget(window, framing, getattr(self.model, "max_output_tokens", window))
-        if allowed <= 0:  # too small to plan by: halving on overflow decides
+        return budget.summarizer_input_budget(window, framing, getattr(self.model, "max_output_tokens", window))
+
+    def token_groups(self, records: list[str], instruction: str) -> list[slice]:
+        """Consecutive records grouped to fit a known window; one group when the window is unknown."""
+        allowed = self.input_room(instruction)
+        if allowed is None or allowed <= 0:  # unknown or too small to plan by: halving on overflow decides
             return [slice(0, len(records))]
         return _pack([self.counter.count_text(record) + 1 for record in records], allowed)
 
@@ -302,8 +309,9 @@ async def _summarize_history(run: _Run, history: list[Message],
 
 
 async def _summarize_in_chunks(run: _Run, history: list[Message]) -> str:
-    if len(history) < 2:
-        raise SummarizerError("a single message does not fit the summariser's context window")
+    if len(history) < 2:  # it was just sent whole and overflowed
+        return await _ask_eliding(run, history[0], run.templates.compaction_instruction(), depth=1,
+                                  overflow=SummarizerOverflow("the only message overflowed"))
     records = [format_message_for_compacting(message) for message in history]
     groups = await off_loop_if_large(sum(map(len, records)), run.token_groups, records,
                                      run.templates.chunk_instruction(1, 2))
@@ -323,17 +331,52 @@ async def _summarize_part(run: _Run, chunk: list[Message], index: int, count: in
     A truncated reply is not retried by splitting: the merged summary must hold at least as much as a part's,
     so a limit too small for a part would only fail again at the merge after many more calls.
     """
+    instruction = run.templates.chunk_instruction(index, count)
+    if len(chunk) < 2:
+        return [summary_text(await _ask_eliding(run, chunk[0], instruction, depth), run.templates)]
     try:
-        reply = await run.ask(format_transcript(chunk), run.templates.chunk_instruction(index, count))
+        reply = await run.ask(format_transcript(chunk), instruction)
         return [summary_text(reply, run.templates)]
     except SummarizerOverflow as overflow:
-        if len(chunk) < 2:
-            raise SummarizerError("a single message does not fit the summariser's context window") from overflow
         if depth >= MAX_SPLIT_DEPTH:
             raise SummarizerError(f"history still overflows after {depth} halvings") from overflow
     first, second = _halves(chunk)
     return [*await _summarize_part(run, first, 2 * index - 1, 2 * count, depth + 1),
             *await _summarize_part(run, second, 2 * index, 2 * count, depth + 1)]
+
+
+async def _ask_eliding(run: _Run, message: Message, instruction: str, depth: int,
+                       overflow: SummarizerOverflow | None = None) -> str:
+    """The raw reply for a stretch of one message, whose text loses its middle while the request overflows
+    (from the start when `overflow` says the message as it is already did).
+
+    A message too big for the summariser's window on its own (an earlier summary in a small window, a huge
+    result) would otherwise stop every later compaction; only the summariser's copy is shortened, with a marker.
+    """
+    while True:
+        if overflow is not None:
+            shorter = _elided_half(run, message, instruction) if depth < MAX_SPLIT_DEPTH else None
+            if shorter is None:
+                raise SummarizerError("a single message does not fit the summariser's context window") from overflow
+            message, depth = shorter, depth + 1
+        try:
+            return await run.ask(format_transcript([message]), instruction)
+        except SummarizerOverflow as error:
+            overflow = error
+
+
+def _elided_half(run: _Run, message: Message, instruction: str) -> Message | None:
+    """`message` with at most half its text kept (less when the window says so); None when there is no text to
+    shorten."""
+    text = message.get("content")
+    if not isinstance(text, str):
+        return None
+    tokens = run.counter.count_text(text)
+    if tokens < MIN_ELIDABLE_TOKENS:
+        return None
+    room = run.input_room(instruction)
+    keep = tokens // 2 if room is None or room <= 0 else min(tokens // 2, room)
+    return with_text(message, elide_text(text, keep, run.counter.count_text, run.templates.elision_marker))
 
 
 def _halves(items: list[Item]) -> tuple[list[Item], list[Item]]:

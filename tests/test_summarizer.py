@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from proxy.summarizer import (
+    MAX_SPLIT_DEPTH,
     REMOVED_TOOL_RESULT,
     ConversationPrefix,
     SummarizerError,
@@ -304,18 +305,46 @@ async def test_a_known_window_plans_merge_groups_by_tokens(templates: Templates,
 
 
 @pytest.mark.parametrize(
-    ("history", "expected_calls"),
-    [([{"role": "user", "content": "FACT-0 " + "z" * 5000}], 1),
-     ([{"role": "user", "content": "FACT-0 short"}, {"role": "assistant", "content": "FACT-1 " + "z" * 5000}], 3)],
+    ("history", "expected_labels"),
+    [([{"role": "user", "content": "FACT-0 " + "z " * 3000 + "FACT-1"}], ["direct"]),
+     ([{"role": "user", "content": "FACT-0 short"},
+       {"role": "assistant", "content": "FACT-1 " + "z " * 3000 + "FACT-2"}],
+      ["direct", "part 1/2", "part 2/2"])],
 )
-async def test_a_single_message_that_overflows_is_an_error(
-    history: list[Message], expected_calls: int, templates: Templates
+async def test_a_single_message_that_overflows_is_sent_with_its_middle_elided(
+    history: list[Message], expected_labels: list[str], templates: Templates
 ) -> None:
     model = ScriptedModel(limit=1000)
+    summary = await summarize(model, history, templates)
+    labels = [label(request, templates) for request in model.requests]
+    assert labels[:len(expected_labels)] == expected_labels
+    marker_tail = templates.elision_marker(7).split("7", 1)[1]  # the marker's wording after its count
+    elided = [request for request in model.requests if marker_tail in request.transcript]
+    assert elided, "the summariser's copy carries the marker"
+    assert all(len(request.transcript) <= 1000 for request in model.requests[-2:] if request not in model.overflowed)
+    expected = markers(" ".join(str(message["content"]) for message in history))
+    assert markers(summary.text) == expected, "both ends of the long message reach the summary"
+    assert history[-1]["content"].endswith("FACT-2" if len(history) == 2 else "FACT-1"), "the input is untouched"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [{"role": "user", "content": "FACT-0 " + "q" * 40},  # too short to elide: the prompt itself is too big
+     {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}],  # no text to shorten
+)
+async def test_a_single_message_that_cannot_be_shortened_is_an_error(message: Message, templates: Templates) -> None:
+    model = ScriptedModel(overflows=lambda request: True)
     with pytest.raises(SummarizerError, match="single message") as caught:
-        await summarize(model, history, templates)
+        await summarize(model, [message], templates)
     assert type(caught.value) is SummarizerError
-    assert len(model.requests) == caught.value.calls == expected_calls
+    assert len(model.requests) == caught.value.calls == 1
+
+
+async def test_eliding_one_message_stops_after_the_split_depth(templates: Templates) -> None:
+    model = ScriptedModel(overflows=lambda request: True)
+    with pytest.raises(SummarizerError, match="single message"):
+        await summarize(model, [{"role": "user", "content": "word " * 200_000}], templates)
+    assert len(model.requests) <= MAX_SPLIT_DEPTH + 1
 
 
 async def test_partial_summaries_too_long_to_merge_stand_side_by_side(templates: Templates) -> None:
