@@ -14,6 +14,7 @@ from proxy.appkeys import METRICS, RUNTIME, SETTINGS
 from proxy.calibration import Calibration
 from proxy.config import Settings
 from proxy.flights import open_flights
+from proxy.history_index import HistoryIndex
 from proxy.metrics import Metrics
 from proxy.middleware import count_requests, openai_errors, require_proxy_key
 from proxy.paths import refuse_escaping_paths
@@ -68,7 +69,8 @@ async def _shared_and_runtime(app: web.Application) -> AsyncIterator[None]:
     flights = open_flights(store, on_error=count_store_error,
                            max_wait=settings.compaction.summarizer.timeout + settings.store.lock_ttl_seconds)
     async with create_session(settings.upstream) as session:
-        shared = Shared(session, store, TrackedFlights(flights), metrics, TokenCounter(), Calibration())
+        counter = TokenCounter()
+        shared = Shared(session, store, TrackedFlights(flights), metrics, counter, Calibration(), HistoryIndex(counter))
         app[RUNTIME].install(shared, build_runtime(settings, shared, load_templates(settings)))
         try:
             yield

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 from multidict import CIMultiDict
 
-from proxy.overflow import detect_context_overflow
+from proxy.overflow import detect_context_overflow, overflow_in_answer
 from proxy.streaming import SseDecoder, is_error_event, is_preamble_event, usage_of
 from proxy.upstream import Upstream, UpstreamRequest, response_headers
 
@@ -19,6 +19,8 @@ from proxy.upstream import Upstream, UpstreamRequest, response_headers
 MAX_ERROR_TAIL = 1024 * 1024
 # A first event larger than this is no error report: the stream is committed without waiting for its end.
 MAX_HEAD = 64 * 1024
+# Whitespace a JSON answer may open with before its "{" (one pretty-printing server pads with a newline).
+MAX_LEADING_SPACE = 64
 
 
 @dataclass
@@ -32,6 +34,7 @@ class Attempt:
     head: bytes = b""
     overflow: bool = False
     empty_stream: bool = False
+    answer_usage: dict[str, Any] | None = None  # of a buffered JSON answer, read with it
 
     @property
     def ok(self) -> bool:
@@ -39,12 +42,7 @@ class Attempt:
 
     def usage(self) -> dict[str, Any] | None:
         """Usage of a buffered JSON answer (streams report theirs through a UsageTap)."""
-        if self.body is None or not self.ok:
-            return None
-        try:
-            return usage_of(json.loads(self.body))
-        except (ValueError, RecursionError):
-            return None
+        return self.answer_usage if self.body is not None and self.ok else None
 
 
 async def send(upstream: Upstream, stack: AsyncExitStack, *, query: str, headers: Mapping[str, str],
@@ -55,8 +53,23 @@ async def send(upstream: Upstream, stack: AsyncExitStack, *, query: str, headers
     if 200 <= response.status < 300 and response.content_type == "text/event-stream":
         return await _probe_stream(upstream, response)
     payload = await upstream.read_body(response)
+    overflow, usage = _judged(response.status, payload)
     return Attempt(response.status, response_headers(response.headers, decoded=True), body=payload,
-                   overflow=detect_context_overflow(response.status, payload))
+                   overflow=overflow, answer_usage=usage)
+
+
+def _judged(status: int, body: bytes) -> tuple[bool, dict[str, Any] | None]:
+    """(overflow, usage) of a whole answer, the JSON of a successful one decoded once for both."""
+    if 200 <= status < 300 and body[:MAX_LEADING_SPACE].lstrip()[:1] == b"{":
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            payload = None
+        if isinstance(payload, dict):
+            overflow = overflow_in_answer(payload)
+            return overflow, None if overflow else usage_of(payload)
+    overflow = detect_context_overflow(status, body)
+    return overflow, None
 
 
 async def _probe_stream(upstream: Upstream, response: aiohttp.ClientResponse) -> Attempt:

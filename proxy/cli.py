@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +123,8 @@ async def serve(settings: Settings, args: argparse.Namespace) -> None:
         server = await start_server(settings, host=args.host, port=args.port, reuse_port=supervised)
     except OSError as error:  # the port is taken, the address is not this machine's
         raise CannotListen(f"cannot listen: {error.strerror or error}") from None
-    log.info("compaction-proxy %s listening on %s, upstream %s", __version__, server.url,
-             mask_url(settings.upstream.base_url))
+    log.info("compaction-proxy %s listening on %s, upstream %s, event loop %s", __version__, server.url,
+             mask_url(settings.upstream.base_url), type(asyncio.get_running_loop()).__module__.split(".")[0])
     slot = server.app[RUNTIME]
     reloader = Reloader(slot, args.config, host=args.host) if args.config is not None else None
     stop = asyncio.Event()
@@ -165,6 +165,20 @@ async def _until_orphaned(supervisor: int, stop: asyncio.Event) -> None:
     stop.set()
 
 
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop to serve on: uvloop's runs the proxy's own I/O in C (a fifth to a third less CPU per
+    request, measured with bench/), asyncio's needs nothing installed. None is asyncio's default."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise SystemExit("server.event_loop is uvloop, but uvloop is not installed (pip install uvloop)") from None
+        return None
+    return uvloop.new_event_loop
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
@@ -182,7 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers > 1:
         return supervise(args, settings)
     try:
-        asyncio.run(serve(settings, args))
+        with asyncio.Runner(loop_factory=loop_factory(settings.server.event_loop)) as runner:
+            runner.run(serve(settings, args))
     except CannotListen as error:
         print(error, file=sys.stderr)
         return 1

@@ -56,6 +56,8 @@ class ServerConfig(_Frozen):
     shutdown_grace_seconds: float = Field(30.0, ge=0)
     # Seconds between checks of the config file for changes (then reloaded); 0 = reload on SIGHUP only.
     reload_poll_seconds: float = Field(1.0, ge=0)
+    # The event loop: "auto" is uvloop when it is installed (it is a dependency where it builds), else asyncio's.
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -9,8 +9,12 @@ from typing import ParamSpec, TypeVar
 P = ParamSpec("P")
 T = TypeVar("T")
 
-# Characters of text (or bytes of JSON) below which counting, hashing or parsing costs less than a thread hand-off.
+# Characters of text below which counting or hashing costs less than a thread hand-off (tiktoken and blake2b
+# release the GIL, so above it the loop really runs alongside).
 LARGE = 256 * 1024
+# Bytes of JSON below which parsing stays on the loop. A parser holds the GIL, so a thread lets the loop in only
+# at the interpreter's switch interval (5 ms): worth it only for a body that takes longer than that to read.
+LARGE_JSON = 4 * 1024 * 1024
 
 
 async def off_loop_if_large(size: int, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

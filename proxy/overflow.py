@@ -248,19 +248,24 @@ def _stream_verdict(raw: bytes) -> bool | None:
 def _success_verdict(text: str) -> bool:
     payload = _loads(text)
     if payload is not _NOT_JSON:
-        records = payload if isinstance(payload, list) else [payload]
-        for record in records:
-            if isinstance(record, dict) and record.get("error"):
-                found = _Findings()
-                _collect(record, found, 0, is_message=True)
-                return found.says_overflow()
-            if _has_overflow_finish(record):
-                return True
-        return False
+        return overflow_in_answer(payload)
     frame = _EVENT_STREAM_KIND.search(text)
     if frame is None or (frame.group(1) and frame.group(1).lower() == "event"):
         return False
     return _findings_of_text(text[frame.end():]).says_overflow()
+
+
+def overflow_in_answer(payload: Any) -> bool:
+    """Whether a successful answer, already decoded, is an overflow: an error record or an overflow finish."""
+    records = payload if isinstance(payload, list) else [payload]
+    for record in records:
+        if isinstance(record, dict) and record.get("error"):
+            found = _Findings()
+            _collect(record, found, 0, is_message=True)
+            return found.says_overflow()
+        if _has_overflow_finish(record):
+            return True
+    return False
 
 
 def _has_overflow_finish(payload: Any) -> bool:

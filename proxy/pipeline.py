@@ -21,10 +21,9 @@ from proxy.compactor import Compactor, Conversation, Flight
 from proxy.config import Settings
 from proxy.elision import elide_oversized
 from proxy.errors import ProxyError
-from proxy.fingerprint import hash_chain
+from proxy.history_index import History, HistoryIndex
 from proxy.messages import Message
 from proxy.metrics import Metrics
-from proxy.offload import LARGE, off_loop_if_large
 from proxy.overflow import context_limit_from_error
 from proxy.plan import last_input_tokens
 from proxy.request_log import annotate, current_request_id
@@ -46,17 +45,21 @@ class Journey:
     call: ChatCall
     conversation: Conversation
     limits: Limits
+    history: History  # the client's messages as the index read them: chain and token counts
+    overhead: int  # raw tokens of the request besides its messages (tools, the reply primer)
     trigger: str = "none"
     failed: bool = False
     reason: str | None = None  # why a compaction that was wanted did not happen
     tokens_before: int = 0
     elided: int = 0
     forwarded: list[Message] = field(default_factory=list)
+    counted: tuple[list[Message], list[int]] | None = None  # token counts of the last messages counted
 
 
 class ChatPipeline:
     def __init__(self, settings: Settings, upstream: Upstream, compactor: Compactor, counter: TokenCounter,
-                 calibration: Calibration, windows: ContextWindows, metrics: Metrics) -> None:
+                 calibration: Calibration, windows: ContextWindows, metrics: Metrics,
+                 history: HistoryIndex | None = None) -> None:
         self._settings = settings
         self._upstream = upstream
         self._compactor = compactor
@@ -64,6 +67,7 @@ class ChatPipeline:
         self._calibration = calibration
         self._windows = windows
         self._metrics = metrics
+        self._history = history or HistoryIndex(counter)
         self._background: set[asyncio.Task[Any]] = set()
 
     @asynccontextmanager
@@ -104,13 +108,14 @@ class ChatPipeline:
         assert call.messages is not None
         started = time.perf_counter()
         namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
-        chain = await self._fingerprint(call, namespace)
-        conversation = await self._compactor.reuse(call.messages, chain, namespace)
+        history = await self._history.read_off_loop(call.messages, namespace)
+        conversation = await self._compactor.reuse(call.messages, history.chain, namespace)
         # Windows the upstream states are looked up before planning (once per upstream, then cached), so the
         # summariser client built later, background ones included, knows its window without waiting.
         await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
                                     headers=call.headers)
-        journey = Journey(call, conversation, self._limits(call), trigger="reused" if conversation.record else "none")
+        journey = Journey(call, conversation, self._limits(call), history, self._raw_overhead(call),
+                          trigger="reused" if conversation.record else "none")
         summarising = 0.0
         if self._mode(call) == "force" or budget.over_threshold(journey.limits, self._estimate(journey)):
             compacting = time.perf_counter()
@@ -129,11 +134,11 @@ class ChatPipeline:
     async def _shadow(self, call: ChatCall, stack: AsyncExitStack) -> Answer:
         """Decide as the real journey would, report it, and forward the request exactly as the client sent it."""
         namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
-        conversation = await self._compactor.reuse(call.messages or [], await self._fingerprint(call, namespace),
-                                                   namespace)
+        history = await self._history.read_off_loop(call.messages or [], namespace)
+        conversation = await self._compactor.reuse(call.messages or [], history.chain, namespace)
         await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
                                     headers=call.headers)
-        journey = Journey(call, conversation, self._limits(call))
+        journey = Journey(call, conversation, self._limits(call), history, self._raw_overhead(call))
         before = self._estimate(journey)
         decision = "reused" if conversation.record else "none"
         if budget.over_threshold(journey.limits, before):
@@ -144,7 +149,7 @@ class ChatPipeline:
             decision = "reactive"
             journey.limits = replace(journey.limits, window=min(journey.limits.window, before + journey.limits.reserve))
         headers = {"x-compaction": "none", "x-compaction-shadow": decision}
-        plan = self._compactor.plan(conversation, journey.limits, model=call.model, overhead=self._overhead(call)) \
+        plan = self._compactor.plan(conversation, journey.limits, model=call.model, overhead=self._overhead(journey)) \
             if decision in ("proactive", "reactive") else None
         if plan is not None and plan.worthwhile(self._compactor.filler_tokens):
             saved = plan.span_tokens - plan.kept_system_tokens - plan.kept_user_tokens - plan.summary_tokens \
@@ -156,18 +161,6 @@ class ChatPipeline:
         log.info(json.dumps({"event": "compaction_shadow", "request_id": current_request_id(), "decision": decision,
                              "tokens_before": before, **(plan.as_log() if plan is not None else {})}))
         return self._finish(call, attempt, headers, hide_usage=False)
-
-    async def _fingerprint(self, call: ChatCall, namespace: str) -> list[str]:
-        """The history's hash chain. On a large history, hashing and tokenising are CPU work: done together off
-        the event loop, they also fill the per-message token cache that every estimate below reads."""
-        if len(call.body) <= LARGE:
-            return hash_chain(call.messages or [], namespace)
-
-        def work() -> list[str]:
-            self._counter.count_request(call.payload)
-            return hash_chain(call.messages or [], namespace)
-
-        return await off_loop_if_large(len(call.body), work)
 
     async def _react(self, journey: Journey, first: Attempt, stack: AsyncExitStack) -> Attempt:
         """Compact and retry exactly once; the first answer stands if that does not produce a better one."""
@@ -204,7 +197,7 @@ class ChatPipeline:
             journey.tokens_before = self._original_estimate(journey)
         outcome = await self._compactor.compact(journey.conversation, journey.limits, model=journey.call.model,
                                                 trigger=trigger, headers=journey.call.headers,
-                                                overhead=self._overhead(journey.call),
+                                                overhead=self._overhead(journey),
                                                 force=self._mode(journey.call) == "force",
                                                 tools=journey.call.payload.get("tools"))
         if outcome.record is not None:
@@ -230,13 +223,33 @@ class ChatPipeline:
         return journey.forwarded if journey.elided else journey.conversation.messages
 
     def _estimate(self, journey: Journey) -> int:
-        raw = self._counter.count_request({**journey.call.payload, "messages": self._messages(journey)})
-        return self._calibration.adjust(journey.call.model, raw)
+        return self._calibration.adjust(journey.call.model, self._raw_estimate(journey))
 
-    def _overhead(self, call: ChatCall) -> int:
+    def _raw_estimate(self, journey: Journey) -> int:
+        return sum(self._message_tokens(journey)) + journey.overhead
+
+    def _message_tokens(self, journey: Journey) -> list[int]:
+        """Token counts of the messages as they will be forwarded, counted once per shape of the journey."""
+        messages = self._messages(journey)
+        if journey.counted is not None and journey.counted[0] is messages:
+            return journey.counted[1]
+        conversation, read = journey.conversation, journey.history.tokens
+        if journey.elided:
+            tokens = self._counter.count_each(messages)
+        elif conversation.record is None:
+            tokens = read
+        else:  # the replacement, then the client's own messages after the stored prefix, already counted
+            tokens = [*self._counter.count_each(conversation.record.replacement),
+                      *read[conversation.record.prefix_len:]]
+        journey.counted = (messages, tokens)
+        return tokens
+
+    def _raw_overhead(self, call: ChatCall) -> int:
+        return self._counter.count_request({**call.payload, "messages": []})
+
+    def _overhead(self, journey: Journey) -> int:
         """What the request costs besides its messages: tool definitions and the reply primer."""
-        raw = self._counter.count_request({**call.payload, "messages": []})
-        return self._calibration.adjust(call.model, raw)
+        return self._calibration.adjust(journey.call.model, journey.overhead)
 
     def _inject_usage(self, call: ChatCall) -> bool:
         options = call.payload.get("stream_options")
@@ -268,8 +281,7 @@ class ChatPipeline:
         return headers
 
     def _original_estimate(self, journey: Journey) -> int:
-        raw = self._counter.count_request({**journey.call.payload, "messages": list(journey.conversation.original)})
-        return self._calibration.adjust(journey.call.model, raw)
+        return self._calibration.adjust(journey.call.model, sum(journey.history.tokens) + journey.overhead)
 
     def _finish(self, call: ChatCall, attempt: Attempt, headers: dict[str, str], *, hide_usage: bool,
                 journey: Journey | None = None) -> Answer:
@@ -288,12 +300,10 @@ class ChatPipeline:
         prompt_tokens = (usage or {}).get("prompt_tokens")
         if not isinstance(prompt_tokens, int) or prompt_tokens <= 0:
             return
-        raw = self._counter.count_request({**journey.call.payload, "messages": self._messages(journey)})
-        self._calibration.observe(journey.call.model, raw, prompt_tokens)
+        self._calibration.observe(journey.call.model, self._raw_estimate(journey), prompt_tokens)
         completion = (usage or {}).get("completion_tokens")
         answer = completion if isinstance(completion, int) and completion >= 0 else 0
-        messages = self._messages(journey)
-        next_input = last_input_tokens(messages, [self._counter.count_message(m) for m in messages])
+        next_input = last_input_tokens(self._messages(journey), self._message_tokens(journey))
         # The next turn resends this prompt and answer plus one more input: if that will pass the threshold,
         # build its summary now so the next request finds it ready.
         if self._settings.compaction.background and budget.over_threshold(
@@ -304,7 +314,7 @@ class ChatPipeline:
         try:
             begun = self._compactor.begin(journey.conversation, journey.limits, model=journey.call.model,
                                           trigger="background", headers=journey.call.headers,
-                                          answer_tokens=answer_tokens, overhead=self._overhead(journey.call),
+                                          answer_tokens=answer_tokens, overhead=self._overhead(journey),
                                           tools=journey.call.payload.get("tools"))
         except Exception:
             log.warning("could not plan a background summary", exc_info=True)

@@ -99,6 +99,22 @@ def unsafe_cuts(messages: Sequence[Any]) -> list[bool]:
     return unsafe
 
 
+def splits_a_tool_pair(messages: Sequence[Any], cut: int) -> bool:
+    """unsafe_cuts(messages)[cut], reading the messages from `cut` on and the ones before only when a result
+    after the cut answers an id no call after the cut carries: a stored summary is checked on every request."""
+    called: set[str] = set()
+    orphans: set[str] = set()
+    for message in messages[cut:]:
+        called.update(call_id for call_id in call_ids(message) or () if isinstance(call_id, str))
+        answered = answered_call_id(message)
+        if answered is not None and answered not in called:
+            orphans.add(answered)
+    if not orphans:
+        return False
+    return any(isinstance(call_id, str) and call_id in orphans
+               for message in messages[:cut] for call_id in call_ids(message) or ())
+
+
 @dataclass(frozen=True)
 class Plan:
     """What to keep and what to summarise. The input is exactly `head + span + tail`.
@@ -341,6 +357,6 @@ def apply_replacement(
     if not 0 < prefix_len < len(messages) or not replacement_messages:
         return None
     first = role(messages[prefix_len])
-    if first not in CUT_ROLES or first == role(replacement_messages[-1]) or unsafe_cuts(messages)[prefix_len]:
+    if first not in CUT_ROLES or first == role(replacement_messages[-1]) or splits_a_tool_pair(messages, prefix_len):
         return None
     return [*replacement_messages, *messages[prefix_len:]]

@@ -24,7 +24,7 @@ SETTLE_SECONDS = 0.1
 # keeps their running values and says that a restart is needed for the file's.
 RESTART_ONLY = {
     "server": ("host", "port", "max_body_bytes", "header_timeout", "keepalive_timeout", "body_timeout",
-               "shutdown_grace_seconds"),
+               "shutdown_grace_seconds", "event_loop"),
     "upstream": ("max_connections",),
     "logging": ("access_log",),
 }

@@ -18,6 +18,7 @@ from proxy.config import Settings
 from proxy.discovery import WindowSource
 from proxy.fingerprint import HASH_ERRORS
 from proxy.flights import Build, Flights
+from proxy.history_index import HistoryIndex
 from proxy.metrics import Metrics
 from proxy.model_client import ModelClient
 from proxy.pipeline import ChatPipeline
@@ -65,7 +66,7 @@ class TrackedFlights:
 @dataclass(frozen=True)
 class Shared:
     """What outlives a reload: the upstream session and pool, the store and its flights, the metrics, the token
-    counter and what calibration learned about each model's tokenizer."""
+    counter, what calibration learned about each model's tokenizer, and the index of messages seen lately."""
 
     session: aiohttp.ClientSession
     store: SummaryStore
@@ -73,6 +74,7 @@ class Shared:
     metrics: Metrics
     counter: TokenCounter
     calibration: Calibration
+    history: HistoryIndex
 
 
 class Runtime:
@@ -145,7 +147,7 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
 
     compactor = Compactor(settings, shared.store, counter, templates, metrics, summarizer_model, calibration,
                           shared.flights)
-    pipeline = ChatPipeline(settings, upstream, compactor, counter, calibration, windows, metrics)
+    pipeline = ChatPipeline(settings, upstream, compactor, counter, calibration, windows, metrics, shared.history)
     return Runtime(settings, upstream, windows, pipeline)
 
 

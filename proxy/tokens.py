@@ -265,6 +265,10 @@ class TokenCounter:
     def count_message(self, message: Any) -> int:
         return self._cached_counts([message])[0]
 
+    def count_each(self, messages: Sequence[Any]) -> list[int]:
+        """count_message of each message, in one pass over the cache."""
+        return self._cached_counts(messages)
+
     def count_messages(self, messages: Sequence[Any], tools: Any = None) -> int:
         return sum(self._cached_counts(messages)) + REPLY_PRIMER + self.count_tools(tools)
 

@@ -19,6 +19,7 @@ from proxy.chat_request import (
     MAX_NESTING,
     ChatCall,
     _plainly_within_limits,
+    decode_body,
     encode_json,
     has_lone_surrogate_escape,
 )
@@ -410,3 +411,40 @@ async def test_undecodable_credentials_and_tenants_are_not_a_crash(keys: bool, f
     answer = await raw_request(proxy.url, head, chat_body().encode())
     status = int(answer.split(b" ", 2)[1])
     assert status == (401 if keys else 200), answer[:300]
+
+
+# --- the fast reader agrees with json.loads ----------------------------------------------------------------
+
+JSON_SCALARS = (st.none() | st.booleans() | st.floats(allow_nan=False, allow_infinity=False)
+                | st.integers(min_value=-(2 ** 80), max_value=2 ** 80) | st.text())
+JSON_VALUES = st.recursive(JSON_SCALARS, lambda children: st.lists(children, max_size=4)
+                           | st.dictionaries(st.text(max_size=8), children, max_size=4), max_leaves=20)
+
+
+def typed(value: Any) -> Any:
+    """`value` with every number tagged by its type, so 1 and 1.0 (equal in Python) compare unequal."""
+    if isinstance(value, dict):
+        return {key: typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [typed(item) for item in value]
+    return (type(value).__name__, value)
+
+
+@given(JSON_VALUES, st.booleans())
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_decoding_gives_exactly_what_json_loads_gives(value: Any, ascii_only: bool) -> None:
+    body = json.dumps({"model": "m", "extra": value}, ensure_ascii=ascii_only).encode()
+    event("long digit run" if re.search(rb"\d{19}", body) else "no long digit run")
+    assert typed(decode_body(body)) == typed(json.loads(body))
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param(b'{"n": 123456789012345678901234567890}', id="integer beyond 64 bits"),
+    pytest.param(b'{"n": -9223372036854775809}', id="just below the smallest 64-bit integer"),
+    pytest.param(b'{"n": NaN}', id="NaN"),
+    pytest.param(b'\xef\xbb\xbf{"n": 1}', id="byte order mark"),
+    pytest.param('{"n": "é"}'.encode("utf-16"), id="UTF-16"),
+])
+def test_bodies_orjson_would_read_inexactly_or_refuse_are_read_by_json(body: bytes) -> None:
+    text = body.decode(json.detect_encoding(body))
+    assert typed(decode_body(body)) == typed(json.loads(text))

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from proxy import __version__
-from proxy.cli import main
+from proxy.cli import loop_factory, main
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.sdk import async_client
 
@@ -147,8 +147,11 @@ async def wait_until_healthy(base: str, process: asyncio.subprocess.Process, log
     pytest.fail(f"/healthz did not answer within 10 s:\n{log.read_text()}")
 
 
-async def test_real_program_serves_and_stops_cleanly_on_sigterm(tmp_path: Path, fake: FakeUpstream) -> None:
-    config = write(tmp_path, f"upstream:\n  base_url: {fake.url}/v1\nlogging:\n  level: INFO\n")
+@pytest.mark.parametrize(("event_loop", "expected"), [("auto", "uvloop"), ("uvloop", "uvloop"), ("asyncio", "asyncio")])
+async def test_real_program_serves_and_stops_cleanly_on_sigterm(tmp_path: Path, fake: FakeUpstream, event_loop: str,
+                                                                 expected: str) -> None:
+    config = write(tmp_path, f"upstream:\n  base_url: {fake.url}/v1\nlogging:\n  level: INFO\n"
+                             f"server:\n  event_loop: {event_loop}\n")
     port = free_port()
     env = {key: value for key, value in os.environ.items() if key not in ("OPENAI_API_KEY", "COMPACTION_THRESHOLD")}
     log = tmp_path / "proxy.log"
@@ -173,7 +176,26 @@ async def test_real_program_serves_and_stops_cleanly_on_sigterm(tmp_path: Path, 
         output = log.read_text()
         assert code == 0, output
         assert "Traceback" not in output and "shutting down" in output
+        assert f"event loop {expected}" in output
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+@pytest.mark.parametrize(("choice", "installed", "expected"), [
+    ("auto", True, "uvloop"), ("auto", False, None), ("asyncio", True, None), ("asyncio", False, None),
+    ("uvloop", True, "uvloop"),
+])
+def test_the_event_loop_follows_the_config_and_what_is_installed(
+        choice: str, installed: bool, expected: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not installed:
+        monkeypatch.setitem(sys.modules, "uvloop", None)  # import fails as if it were absent
+    factory = loop_factory(choice)
+    assert (factory.__module__.split(".")[0] if factory is not None else None) == expected
+
+
+def test_uvloop_asked_for_but_absent_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)
+    with pytest.raises(SystemExit, match="uvloop is not installed"):
+        loop_factory("uvloop")

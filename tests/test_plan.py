@@ -7,6 +7,8 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.budget import Limits
 from proxy.plan import (
@@ -17,6 +19,8 @@ from proxy.plan import (
     plan_compaction,
     replacement,
     splice,
+    splits_a_tool_pair,
+    unsafe_cuts,
 )
 
 Message = dict[str, Any]
@@ -383,3 +387,24 @@ def _assert_valid_plan(messages: list[Message], plan: Plan) -> None:
     seam = roles[summary_at: len(spliced) - len(plan.tail) + 1]
     assert all(a != b for a, b in zip(seam, seam[1:])), seam
     assert all(role in {"system", "developer"} for role in roles[:summary_at])
+
+
+# --- the check a stored summary's cut gets on every request ------------------------------------------------
+
+CALL_IDS = st.sampled_from(["a", "b", "c", 7, None])
+TOOL_MESSAGES = st.one_of(
+    st.builds(lambda ids: {"role": "assistant", "content": None,
+                           "tool_calls": [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                                          for i in ids]}, st.lists(CALL_IDS, max_size=3)),
+    st.builds(lambda i: {"role": "tool", "tool_call_id": i, "content": "r"}, CALL_IDS),
+    st.just({"role": "user", "content": "u"}),
+    st.just({"role": "assistant", "content": "a"}),
+)
+
+
+@given(st.lists(TOOL_MESSAGES, max_size=12), st.data())
+@settings(max_examples=500)
+def test_the_cut_check_agrees_with_every_unsafe_cut(messages: list[Any], data: st.DataObject) -> None:
+    cut = data.draw(st.integers(min_value=0, max_value=len(messages)))
+    expected = unsafe_cuts(messages)[cut] if cut < len(messages) else False
+    assert splits_a_tool_pair(messages, cut) is expected

@@ -1,0 +1,148 @@
+"""The history index: the chain and token counts it gives are the reference ones, however much it remembers."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.fingerprint import hash_chain
+from proxy.history_index import HistoryIndex
+from proxy.offload import LARGE
+from proxy.tokens import TokenCounter
+
+COUNTER = TokenCounter()
+
+TEXT = st.text(max_size=40)
+CALL = st.fixed_dictionaries({"id": TEXT, "type": st.just("function"),
+                              "function": st.fixed_dictionaries({"name": TEXT, "arguments": TEXT})})
+MESSAGE = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]), "content": TEXT}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none(), "tool_calls": st.lists(CALL, max_size=2)}),
+    st.fixed_dictionaries({"role": st.just("tool"), "tool_call_id": TEXT, "content": TEXT}),
+    st.fixed_dictionaries({"role": st.just("user"),
+                           "content": st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}),
+                                               max_size=3)}),
+    st.fixed_dictionaries({"role": st.just("user"), "content": st.integers(min_value=2 ** 70)}),  # not orjson's
+)
+
+
+def reference(messages: list[Any], namespace: str) -> tuple[list[str], list[int]]:
+    return hash_chain(messages, namespace), [COUNTER.count_message(message) for message in messages]
+
+
+def turn(index: int, size: int = 20) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"question {index} " + "word " * size},
+            {"role": "assistant", "content": f"answer {index}"}]
+
+
+@given(st.lists(st.lists(MESSAGE, max_size=6), min_size=1, max_size=4), st.sampled_from(["", "tenant-a"]),
+       st.integers(min_value=0, max_value=5))
+@settings(max_examples=200, deadline=None)
+def test_every_read_gives_the_reference_chain_and_counts(histories: list[list[Any]], namespace: str,
+                                                         max_entries: int) -> None:
+    index = HistoryIndex(COUNTER, max_entries=max_entries)
+    grown: list[Any] = []
+    for more in histories:  # a conversation growing turn by turn, as a stateless client resends it
+        grown = [*grown, *more]
+        for _ in range(2):
+            read = index.read(grown, namespace)
+            assert (read.chain, read.tokens) == reference(grown, namespace)
+        assert len(index) <= max_entries
+
+
+def test_a_resent_history_is_new_only_in_its_last_messages() -> None:
+    index = HistoryIndex(COUNTER)
+    history = [{"role": "system", "content": "be brief"}, *turn(0)]
+    assert index.read(history, "ns").new == 3
+    history += turn(1)
+    assert index.read(history, "ns").new == 2
+    assert index.read(history, "ns").new == 0
+
+
+@pytest.mark.parametrize(("first", "second", "equal"), [
+    ("tenant-a", "tenant-a", True),
+    ("tenant-a", "tenant-b", False),
+    ("", "tenant-a", False),
+])
+def test_namespaces_keep_chains_apart_but_share_counts(first: str, second: str, equal: bool) -> None:
+    index = HistoryIndex(COUNTER)
+    history = [*turn(0), *turn(1)]
+    one, two = index.read(history, first), index.read(history, second)
+    assert (one.chain == two.chain) is equal
+    assert one.tokens == two.tokens and two.new == 0
+    assert two.chain == hash_chain(history, second)
+
+
+def test_a_message_repeated_in_one_history_is_one_entry() -> None:
+    index = HistoryIndex(COUNTER)
+    same = {"role": "user", "content": "again"}
+    history = [same, {"role": "assistant", "content": "ok"}, same, {"role": "assistant", "content": "ok"}, same]
+    read = index.read(history, "ns")
+    assert len(index) == 2 and read.new == 2  # five positions, two distinct messages
+    assert (read.chain, read.tokens) == reference(history, "ns")
+
+
+def test_a_shared_system_prompt_is_remembered_after_many_prefixes() -> None:
+    index = HistoryIndex(COUNTER)
+    system = {"role": "system", "content": "shared"}
+    for tenant in range(12):  # a message keeps one link: the others are computed again
+        history = [system, *turn(tenant)]
+        assert index.read(history, f"tenant-{tenant}").chain == hash_chain(history, f"tenant-{tenant}")
+    assert index.read([system], "tenant-0").chain == hash_chain([system], "tenant-0")
+
+
+def test_the_least_recently_used_messages_are_dropped_first() -> None:
+    index = HistoryIndex(COUNTER, max_entries=4)
+    kept = turn(0)
+    index.read(kept, "ns")
+    for number in range(1, 4):
+        index.read(turn(number), "ns")
+        assert index.read(kept, "ns").new == 0  # used again each time: never the oldest
+    assert index.read(turn(1), "ns").new == 2  # dropped to make room
+
+
+def test_a_negative_size_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_entries"):
+        HistoryIndex(COUNTER, max_entries=-1)
+
+
+async def test_large_new_histories_read_concurrently_in_threads_match_the_reference() -> None:
+    index = HistoryIndex(COUNTER)
+    histories = [[message for number in range(40) for message in turn(1000 * tag + number, size=2000)]
+                 for tag in range(3)]
+    assert all(sum(len(str(m["content"])) for m in history) > LARGE for history in histories)
+    reads = await asyncio.gather(*(index.read_off_loop(history, "ns") for history in histories),
+                                 index.read_off_loop(histories[0], "ns"))
+    for history, read in zip([*histories, histories[0]], reads, strict=True):
+        assert (read.chain, read.tokens) == reference(history, "ns")
+    assert len(index) == 3 * 80
+
+
+async def test_a_message_dropped_while_a_read_waits_for_its_thread_is_put_back() -> None:
+    index = HistoryIndex(COUNTER, max_entries=2)
+    known = {"role": "system", "content": "seen before"}
+    index.read([known], "ns")
+    large = [known, *(message for number in range(20) for message in turn(number, size=3000))]
+    small = turn(99)
+
+    async def evict() -> None:  # runs while the large read's new messages are in a thread
+        await asyncio.sleep(0)
+        index.read(small, "ns")
+
+    read, _ = await asyncio.gather(index.read_off_loop(large, "ns"), evict())
+    assert (read.chain, read.tokens) == reference(large, "ns")
+    assert len(index) == 2
+
+
+def test_a_full_index_is_nothing_the_garbage_collector_tracks() -> None:
+    index = HistoryIndex(COUNTER)
+    for number in range(50):
+        index.read([{"role": "system", "content": "shared"}, *turn(number)], f"tenant-{number % 3}")
+    gc.collect()  # tuples of atomic values are untracked by a collection
+    assert len(index) == 101
+    assert not any(gc.is_tracked(entry) for entry in index._entries.values())
