@@ -210,7 +210,7 @@ class Replicate:
 
 async def run_replicate(options: argparse.Namespace, upstream: str, model: str, log_path: Path | None,
                         seed: int) -> dict[str, Any]:
-    recorder = TimedRecorder(upstream, log_path)
+    recorder = TimedRecorder(upstream, log_path, read_timeout=CLIENT_TIMEOUT)
     started = time.monotonic()
     async with recorder.serving() as relay:
         proxy = await start_server(settings_from_mapping(proxy_config(relay, options), env={}), host="127.0.0.1",
@@ -272,13 +272,15 @@ def main(argv: list[str] | None = None) -> int:
         for index in range(options.replicates):
             print(f"replicate {index + 1}/{options.replicates} (seed {options.seed + index})", flush=True)
             replicates.append(asyncio.run(run_replicate(options, upstream, model, log_path, options.seed + index)))
-    lines = report(head, replicates)
-    print("\n".join(lines))
-    if options.json:
-        options.json.write_text(json.dumps({"header": head, "report": lines, "replicates": replicates,
-                                            "recall": aggregate([p for r in replicates for p in r["probes"]])},
-                                           indent=1))
+            if options.json:  # after every replicate: a long run stopped early keeps what it measured
+                write_json(options.json, {**head, "replicates": len(replicates)}, replicates)
+    print("\n".join(report(head, replicates)))
     return 0
+
+
+def write_json(path: Path, head: dict[str, Any], replicates: list[dict[str, Any]]) -> None:
+    path.write_text(json.dumps({"header": head, "report": report(head, replicates), "replicates": replicates,
+                                "recall": aggregate([p for r in replicates for p in r["probes"]])}, indent=1))
 
 
 if __name__ == "__main__":

@@ -67,8 +67,8 @@ class NaiveSummary:
 class TimedRecorder(Recorder):
     """The e2e recorder, plus the server's own perf lines (when its log is known) for each request."""
 
-    def __init__(self, upstream: str, log_path: Path | None) -> None:
-        super().__init__(upstream)
+    def __init__(self, upstream: str, log_path: Path | None, read_timeout: float = 600.0) -> None:
+        super().__init__(upstream, read_timeout)
         self.log_path = log_path
         self.perf: dict[int, list[Perf]] = {}
 

@@ -38,6 +38,7 @@ SYSTEM = ("You are a coding assistant helping a developer with their Python proj
           "refer to the files, names and numbers the user gave you.")
 MAX_TOKENS = 128
 WINDOW_CONFIGS = ("none", "n_ctx")
+SUMMARY_TIMEOUT: float | None = None  # compaction.summarizer.timeout when --summary-timeout is given
 LOG_DIR = DEFAULT_CACHE_DIR.parent / "logs"
 # What a new user's project conversation looks like: each turn adds details (paths, names, numbers, errors) that a
 # later turn may need, 80-150 tokens each.
@@ -265,6 +266,8 @@ def is_chat_turn(exchange: Exchange, chat_turns: set[str]) -> bool:
 def proxy_config(upstream: str, n_ctx: int, window_config: str) -> dict[str, Any]:
     """What a new user writes: the upstream, and at most the model's window. Built-in prompts, default settings."""
     config: dict[str, Any] = {"upstream": {"base_url": upstream}}
+    if SUMMARY_TIMEOUT is not None:  # a machine shared with other work needs longer than a new user would
+        config["compaction"] = {"summarizer": {"timeout": SUMMARY_TIMEOUT}}
     if window_config == "n_ctx":
         config["models"] = {"default": {"context_window": n_ctx}}
     return config
@@ -446,10 +449,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--windows", default=",".join(WINDOW_CONFIGS),
                         help="comma-separated: none (no context_window configured), n_ctx (configured = n_ctx)")
     parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--summary-timeout", type=float, help="compaction.summarizer.timeout (default: the proxy's)")
     parser.add_argument("--json", type=Path, help="write every run, turn by turn, to this file")
     options = parser.parse_args(argv)
     # The proxy's own loggers at INFO, as the CLI configures them; the compaction lines are kept per turn.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    global SUMMARY_TIMEOUT
+    SUMMARY_TIMEOUT = options.summary_timeout
     windows = [window for window in options.windows.split(",") if window]
     unknown = set(windows) - set(WINDOW_CONFIGS)
     if unknown:

@@ -13,6 +13,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
@@ -193,7 +194,14 @@ def _write(request: web.Request, entry: _Entry, returned: web.StreamResponse | N
         return
     quiet = line["route"] in _PROBES and isinstance(line["status"], int) and line["status"] < 400
     # Probes come every few seconds from each load balancer: at INFO they would bury the traffic.
-    access_log.log(logging.DEBUG if quiet else logging.INFO, json.dumps(line))
+    access_log.log(logging.DEBUG if quiet else logging.INFO, _json_line(line))
+
+
+def _json_line(line: dict[str, Any]) -> str:
+    try:
+        return orjson.dumps(line).decode()
+    except (TypeError, orjson.JSONEncodeError):  # a lone surrogate in a path: json escapes it
+        return json.dumps(line)
 
 
 def _line(request: web.Request, entry: _Entry, returned: web.StreamResponse | None, error: BaseException | None,

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 # An event ends at the first blank line; servers mix \n, \r\n and \r line endings.
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r|\n\r\n|\r\n\n")
 _LINE_END = re.compile(r"\r\n|\n|\r")
@@ -40,6 +42,10 @@ class SseEvent:
         if text is None or text.strip() in ("", "[DONE]"):
             return None
         try:
+            return orjson.loads(text)  # a few times faster on the small chunks of a stream
+        except orjson.JSONDecodeError:
+            pass
+        try:  # what orjson refuses (NaN, a lone surrogate, great depth) json may still read
             return json.loads(text)
         except (ValueError, RecursionError):  # an upstream's data is anything, nested to any depth
             return None

@@ -112,8 +112,9 @@ class Recorder:
     the request as the proxy sent it.
     """
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, read_timeout: float = 600.0) -> None:
         self.upstream = upstream
+        self.read_timeout = read_timeout  # seconds the server may stay silent while it evaluates a prompt
         self.exchanges: list[Exchange] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -176,7 +177,7 @@ class Recorder:
     @asynccontextmanager
     async def serving(self) -> AsyncIterator[str]:
         """Serve on a free loopback port; yields the base URL to give the proxy (with /v1)."""
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.read_timeout)
         connector = aiohttp.TCPConnector(force_close=True)
         async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False, connector=connector) as session:
             self._session = session

@@ -1,0 +1,92 @@
+"""Request bodies the load generator sends: a ~50-token chat, a paced stream, a ~100k-token agent history."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+SYSTEM = {"role": "system", "content": "You are a concise assistant. Answer in one short paragraph."}
+STREAM_CHUNKS = 20
+STREAM_INTERVAL_MS = 10
+HOLD_CHUNKS = 600           # held streams are closed by the client long before the upstream runs out
+HOLD_INTERVAL_MS = 1000
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One kind of request: its model (which picks the proxy's window), history, and streaming pace."""
+
+    name: str
+    model: str
+    long_history: bool = False
+    chunks: int = 0           # 0: not streamed
+    interval_ms: int = 0
+
+    @property
+    def stream(self) -> bool:
+        return self.chunks > 0
+
+
+SHAPES = {shape.name: shape for shape in (
+    Shape("small", "bench-small"),
+    Shape("stream", "bench-stream", chunks=STREAM_CHUNKS, interval_ms=STREAM_INTERVAL_MS),
+    Shape("long", "bench-long", long_history=True),
+    Shape("reuse", "bench-reuse", long_history=True),
+    Shape("hold", "bench-stream", chunks=HOLD_CHUNKS, interval_ms=HOLD_INTERVAL_MS),
+)}
+
+
+@functools.cache
+def long_history() -> tuple[dict[str, Any], ...]:
+    """400 messages, ~95k tokens (cl100k): user, assistant tool call, tool result, assistant text, repeated,
+    with a few long ones; deterministic (bench.tokens.synthetic_history, seed 7)."""
+    from bench.tokens import synthetic_history
+
+    return tuple(synthetic_history())
+
+
+def history(shape: Shape) -> list[dict[str, Any]]:
+    return list(long_history()) if shape.long_history else [SYSTEM]
+
+
+def new_message(shape: Shape, index: int) -> dict[str, Any]:
+    """The one message that differs between requests, so no two bodies are the same."""
+    if shape.long_history:
+        return {"role": "user", "content": f"Next step {index}: run the failing test again and tell me what broke."}
+    return {"role": "user", "content": f"Request {index}: explain in two sentences why reusing a keep-alive "
+                                       "connection makes a small HTTP request cheaper than opening a new one."}
+
+
+class Bodies:
+    """Builds request `index` of a shape cheaply: the shared prefix is encoded once."""
+
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
+        head: dict[str, Any] = {"model": shape.model, "stream": shape.stream}
+        encoded = json.dumps({**head, "messages": history(shape)}, separators=(",", ":")).encode()
+        self._prefix = encoded[:-2] + b","  # without the closing "]}"
+
+    def body(self, index: int) -> bytes:
+        message = json.dumps(new_message(self.shape, index), separators=(",", ":")).encode()
+        return self._prefix + message + b"]}"
+
+    def payload(self, index: int) -> dict[str, Any]:
+        return dict(json.loads(self.body(index)))
+
+    @functools.cached_property
+    def bytes_per_token(self) -> float:
+        """JSON bytes per token of request 0 (proxy.tokens, cl100k): the fake upstream's usage reports
+        len(body) / this, so the proxy's calibration ratio stays near 1."""
+        from proxy.tokens import TokenCounter
+
+        tokens = TokenCounter("cl100k_base").count_request(self.payload(0))
+        return len(self.body(0)) / max(1, tokens)
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json",
+                   "x-bench-bytes-per-token": f"{self.bytes_per_token:.4f}"}
+        if self.shape.stream:
+            headers |= {"x-bench-chunks": str(self.shape.chunks), "x-bench-interval-ms": str(self.shape.interval_ms)}
+        return headers

@@ -1,0 +1,182 @@
+"""Child processes of the benchmark: start on free 127.0.0.1 ports, wait until ready, read CPU and RSS, stop."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+BENCH_ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 10.0
+PR_SET_PDEATHSIG = 1
+
+
+class StartFailed(RuntimeError):
+    """A child did not become ready; the message ends with its log."""
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def output(self, tail: int = 4000) -> str:
+        try:
+            return self.log.read_text(encoding="utf-8", errors="replace")[-tail:]
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def raise_open_files() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit; children inherit it (1,000 streams need 2,000+ descriptors)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def bench_env(**extra: str) -> dict[str, str]:
+    """This environment without what would change a proxy's config behind the benchmark's back."""
+    dropped = ("OPENAI_API_KEY", "COMPACTION_THRESHOLD", "PROXY_API_KEYS", "PROMETHEUS_MULTIPROC_DIR", "PYTHONPATH")
+    return {**{key: value for key, value in os.environ.items() if key not in dropped}, **extra}
+
+
+def die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the benchmark dies (killed by a timeout, say), so nothing lingers."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: children are still stopped on every normal exit
+
+
+def spawn(name: str, argv: Sequence[str], *, cwd: Path, log: Path, stdin: int = subprocess.DEVNULL,
+          stdout: int | None = None) -> Child:
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(list(argv), cwd=cwd, env=bench_env(), stdin=stdin,
+                                   stdout=log_file if stdout is None else stdout,
+                                   stderr=log_file if stdout is not None else subprocess.STDOUT,
+                                   preexec_fn=die_with_parent)
+    return Child(name, process, log)
+
+
+def wait_until(child: Child, ready: Callable[[], bool], timeout: float = START_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not child.alive():
+            raise StartFailed(f"{child.name} exited with {child.process.returncode}:\n{child.output()}")
+        if ready():
+            return
+        time.sleep(0.05)
+    raise StartFailed(f"{child.name} was not ready within {timeout:g} s:\n{child.output()}")
+
+
+def answers(url: str) -> bool:
+    """True when a GET of `url` returns 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def start_upstream(directory: Path) -> tuple[Child, int]:
+    """The fake upstream (bench.fast_upstream) on a port it picks; returns it and the port."""
+    ready = directory / "upstream.port"
+    argv = [sys.executable, "-m", "bench.fast_upstream", "--port", "0", "--ready-file", str(ready)]
+    child = spawn("fake upstream", argv, cwd=BENCH_ROOT, log=directory / "upstream.log")
+    wait_until(child, ready.exists)
+    return child, int(ready.read_text())
+
+
+def start_proxy(name: str, root: Path, config: Path, log: Path) -> Child:
+    """`python -m proxy` with cwd = root, so that root's `proxy` package is the one imported (not yet ready)."""
+    return spawn(name, [sys.executable, "-m", "proxy", "--config", str(config)], cwd=root, log=log)
+
+
+def wait_proxy(child: Child, port: int) -> None:
+    wait_until(child, lambda: answers(f"http://127.0.0.1:{port}/healthz"))
+
+
+def stop(child: Child) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within STOP_TIMEOUT."""
+    if not child.alive():
+        return
+    child.process.send_signal(signal.SIGTERM)
+    try:
+        child.process.wait(STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        child.process.kill()
+        child.process.wait(STOP_TIMEOUT)
+
+
+def children_of(pid: int) -> list[int]:
+    """Every live descendant of `pid`."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(entry))
+    found, pending = [], [pid]
+    while pending:
+        for child in parents.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+def cpu_seconds(pid: int, *, with_children: bool = True) -> float:
+    """utime + stime of `pid` (and its live and reaped children) from /proc/PID/stat, in seconds."""
+    total = 0
+    for each in [pid, *(children_of(pid) if with_children else [])]:
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        # After the command: state is field 3, so utime (14), stime (15), cutime (16), cstime (17) sit at 11..14.
+        total += int(fields[11]) + int(fields[12])
+        if each == pid and with_children:
+            total += int(fields[13]) + int(fields[14])
+    return total / CLOCK_TICKS
+
+
+def rss_bytes(pid: int, *, with_children: bool = True) -> int:
+    """VmRSS of `pid` (and its live children) from /proc/PID/status, in bytes."""
+    total = 0
+    for each in [pid, *(children_of(pid) if with_children else [])]:
+        try:
+            status = Path(f"/proc/{each}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+    return total

@@ -1,0 +1,131 @@
+"""The measured scenarios: what each sends, to which targets, how much of it per run, and the rows it yields."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bench.targets import KINDS
+
+# Per measure: column -> one answer of the load generator per round (plus the target's CPU per request).
+ByColumn = dict[str, list[dict[str, Any]]]
+Results = dict[str, ByColumn]
+DIRECT = "direct"
+
+
+@dataclass(frozen=True)
+class Measure:
+    key: str
+    shape: str                          # bench.bodies.SHAPES
+    concurrency: int
+    requests: tuple[int, int]           # at most this many requests per run: (default, --quick)
+    seconds: tuple[float, float]        # and at most this many seconds per run
+    kinds: tuple[str, ...] = KINDS
+    expect: tuple[str, str] | None = None   # a header every answer of a compaction-on proxy must carry
+
+    def max_requests(self, quick: bool) -> int:
+        return self.requests[quick]
+
+    def max_seconds(self, quick: bool) -> float:
+        return self.seconds[quick]
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    unit: str                           # ms, req/s, x, MB, KB: how table.py formats it
+    values: dict[str, float]            # column -> figure; a column not here prints "—"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    measures: tuple[Measure, ...]
+    rows: Callable[[Results], list[Row]]
+    prime: tuple[str, str] | None = None   # (shape, header value): one request per proxy-on target first
+
+
+def _rounds(by_column: ByColumn, column: str, field: str) -> list[float]:
+    return [answer[field] for answer in by_column.get(column, []) if answer.get(field) is not None]
+
+
+def absolute(by_column: ByColumn, field: str, *, direct: bool = True, scale: float = 1.0) -> dict[str, float]:
+    """Per column, the median over rounds of `field`."""
+    return {column: statistics.median(values) * scale for column in by_column
+            if (direct or column != DIRECT) and (values := _rounds(by_column, column, field))}
+
+
+def paired(by_column: ByColumn, field: str, combine: Callable[[float, float], float]) -> dict[str, float]:
+    """Per column but direct, the median over rounds of combine(column's figure, direct's figure that round)."""
+    base = _rounds(by_column, DIRECT, field)
+    figures = {}
+    for column in by_column:
+        values = _rounds(by_column, column, field)
+        if column != DIRECT and values and len(values) == len(base):
+            figures[column] = statistics.median(combine(value, ref) for value, ref in zip(values, base, strict=True))
+    return figures
+
+
+def added(by_column: ByColumn, field: str) -> dict[str, float]:
+    return paired(by_column, field, lambda value, ref: value - ref)
+
+
+def ratio(by_column: ByColumn, field: str) -> dict[str, float]:
+    return paired(by_column, field, lambda value, ref: value / ref if ref else float("nan"))
+
+
+def cpu(by_column: ByColumn) -> dict[str, float]:
+    return absolute(by_column, "cpu_ms_per_request", direct=False)
+
+
+def small_rows(results: Results) -> list[Row]:
+    c1 = results["c1"]
+    rows = [Row("small c=1 p50", "ms", absolute(c1, "p50_ms")),
+            Row("small c=1 p99", "ms", absolute(c1, "p99_ms")),
+            Row("small c=1 added p50 vs direct", "ms", added(c1, "p50_ms"))]
+    for level in ("c32", "c64"):
+        by_column = results[level]
+        rows += [Row(f"small c={level[1:]} throughput", "req/s", absolute(by_column, "rps")),
+                 Row(f"small c={level[1:]} throughput / direct", "x", ratio(by_column, "rps")),
+                 Row(f"small c={level[1:]} CPU per request", "ms", cpu(by_column))]
+    return rows
+
+
+def stream_rows(results: Results) -> list[Row]:
+    c1, c32 = results["c1"], results["c32"]
+    return [Row("stream c=1 time to first byte p50", "ms", absolute(c1, "ttfb_p50_ms")),
+            Row("stream c=1 added time to first byte", "ms", added(c1, "ttfb_p50_ms")),
+            Row("stream c=32 added time to first byte", "ms", added(c32, "ttfb_p50_ms")),
+            Row("stream c=32 added inter-chunk p50", "ms", added(c32, "gap_p50_ms")),
+            Row("stream c=32 CPU per stream", "ms", cpu(c32))]
+
+
+def long_rows(results: Results) -> list[Row]:
+    c1 = results["c1"]
+    return [Row("100k history c=1 p50", "ms", absolute(c1, "p50_ms")),
+            Row("100k history c=1 added p50", "ms", added(c1, "p50_ms")),
+            Row("100k history CPU per request", "ms", cpu(c1))]
+
+
+def reuse_rows(results: Results) -> list[Row]:
+    c1 = results["c1"]
+    return [Row("reuse hit c=1 p50", "ms", absolute(c1, "p50_ms")),
+            Row("reuse hit c=1 added p50", "ms", added(c1, "p50_ms")),
+            Row("reuse hit CPU per request", "ms", cpu(c1)),
+            Row("reuse body the upstream receives", "KB", absolute(c1, "received_bytes", scale=1 / 1024)),
+            Row("reuse forwarded / client body", "x", ratio(c1, "received_bytes"))]
+
+
+# (default, --quick) bounds of every run.
+SCENARIOS = {scenario.name: scenario for scenario in (
+    Scenario("small", (Measure("c1", "small", 1, (3000, 400), (2.0, 0.4)),
+                       Measure("c32", "small", 32, (100_000, 20_000), (2.5, 0.5)),
+                       Measure("c64", "small", 64, (100_000, 20_000), (2.5, 0.5))), small_rows),
+    Scenario("stream", (Measure("c1", "stream", 1, (12, 3), (3.0, 1.0)),
+                        Measure("c32", "stream", 32, (384, 96), (3.0, 1.0))), stream_rows),
+    Scenario("long", (Measure("c1", "long", 1, (1000, 60), (4.0, 1.0)),), long_rows),
+    Scenario("reuse", (Measure("c1", "reuse", 1, (1000, 60), (4.0, 1.0), kinds=("direct", "on"),
+                               expect=("x-compaction", "reused")),), reuse_rows, prime=("reuse", "proactive")),
+)}

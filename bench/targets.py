@@ -1,0 +1,87 @@
+"""The columns measured: the fake upstream direct, nginx, and per proxy root one proxy with compaction off, one on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.machine import commit
+from bench.nginx import start_nginx
+from bench.processes import Child, cpu_seconds, free_port, rss_bytes, start_proxy, start_upstream, stop, wait_proxy
+
+# Context windows by model (each shape of request has its own model): 128k for the small requests, room for the
+# ~95k-token history without compaction, and a window the same history passes 0.8 of, so it compacts.
+WINDOWS = {"bench-small": 128_000, "bench-stream": 128_000, "bench-long": 400_000, "bench-reuse": 64_000}
+KINDS = ("direct", "off", "on", "nginx")
+
+
+@dataclass
+class Target:
+    column: str
+    kind: str          # one of KINDS
+    port: int
+    child: Child       # whose CPU and RSS are the target's (the upstream itself for direct)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/chat/completions"
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.child.pid)
+
+    def rss(self) -> int:
+        return rss_bytes(self.child.pid)
+
+
+def proxy_config(upstream_port: int, port: int, compaction: bool) -> str:
+    """Only keys every version of the proxy knows; the rest default (memory store, JSON access log on, INFO)."""
+    return json.dumps({
+        "server": {"host": "127.0.0.1", "port": port},
+        "upstream": {"base_url": f"http://127.0.0.1:{upstream_port}/v1"},
+        "compaction": {"enabled": compaction},
+        "models": {model: {"context_window": window} for model, window in WINDOWS.items()},
+    }, indent=2)
+
+
+def column(kind: str, root: Path, several: bool) -> str:
+    name = f"proxy {kind}"
+    return f"{name} {root.name}@{commit(root).replace(' dirty', '+')}" if several else name
+
+
+def start_proxies(directory: Path, roots: list[Path], upstream_port: int, children: list[Child]) -> list[Target]:
+    """Two proxies per root, started together (each added to `children` at once), then waited for."""
+    targets = []
+    for number, root in enumerate(roots):
+        for kind in ("off", "on"):
+            port = free_port()
+            config = directory / f"proxy-{number}-{kind}.yaml"
+            config.write_text(proxy_config(upstream_port, port, compaction=kind == "on"))
+            label = column(kind, root, len(roots) > 1)
+            child = start_proxy(label, root, config, directory / f"proxy-{number}-{kind}.log")
+            children.append(child)
+            targets.append(Target(label, kind, port, child))
+    for target in targets:
+        wait_proxy(target.child, target.port)
+    return targets
+
+
+@contextmanager
+def fleet(directory: Path, roots: list[Path], with_nginx: bool = True) -> Iterator[list[Target]]:
+    """Every target running, in measuring order (direct, each root's off and on, nginx); all stopped after."""
+    children: list[Child] = []
+    try:
+        upstream, upstream_port = start_upstream(directory)
+        children.append(upstream)
+        targets = [Target("direct", "direct", upstream_port, upstream)]
+        targets += start_proxies(directory, roots, upstream_port, children)
+        nginx = start_nginx(directory, upstream_port) if with_nginx else None
+        if nginx is not None:
+            children.append(nginx[0])
+            targets.append(Target("nginx", "nginx", nginx[1], nginx[0]))
+        yield targets
+    finally:
+        for child in reversed(children):
+            stop(child)

@@ -1,0 +1,49 @@
+"""The benchmark suite runs end to end: `python -m bench --quick --only small,stream` prints its table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ROWS = (
+    "small c=1 p50 (ms)", "small c=1 p99 (ms)", "small c=1 added p50 vs direct (ms)",
+    "small c=32 throughput (req/s)", "small c=32 throughput / direct (x)", "small c=32 CPU per request (ms)",
+    "small c=64 throughput (req/s)", "small c=64 throughput / direct (x)", "small c=64 CPU per request (ms)",
+    "stream c=1 time to first byte p50 (ms)", "stream c=1 added time to first byte (ms)",
+    "stream c=32 added time to first byte (ms)", "stream c=32 added inter-chunk p50 (ms)",
+    "stream c=32 CPU per stream (ms)",
+)
+ABSOLUTE_ROWS = ("small c=1 p50 (ms)", "small c=1 p99 (ms)", "small c=32 throughput (req/s)",
+                 "small c=64 throughput (req/s)", "stream c=1 time to first byte p50 (ms)")
+
+
+def table(stdout: str) -> dict[str, dict[str, str]]:
+    """The markdown table's cells: row label -> column -> text."""
+    lines = [line for line in stdout.splitlines() if line.startswith("|")]
+    columns = [cell.strip() for cell in lines[0].strip("|").split("|")][1:]
+    rows = {}
+    for line in lines[2:]:
+        label, *cells = (cell.strip() for cell in line.strip("|").split("|"))
+        rows[label] = dict(zip(columns, cells, strict=True))
+    return rows
+
+
+def test_quick_run_prints_a_table_of_numbers() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "small,stream"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "date: " in done.stdout and "machine: " in done.stdout and "python: " in done.stdout
+    rows = table(done.stdout)
+    assert list(rows) == list(ROWS)
+    for label, cells in rows.items():
+        assert {"direct", "proxy off", "proxy on"} <= set(cells)
+        for column in ("proxy off", "proxy on"):
+            float(cells[column])  # every proxy figure is a number
+        for text in cells.values():
+            assert text == "—" or float(text) == float(text), (label, cells)
+        # Absolute figures exist for direct too; "added" and "/ direct" ones are relative to it.
+        assert (cells["direct"] != "—") == (label in ABSOLUTE_ROWS), (label, cells)
+    assert float(rows["small c=32 throughput (req/s)"]["proxy on"]) > 0
+    assert float(rows["stream c=1 time to first byte p50 (ms)"]["proxy on"]) > 0
