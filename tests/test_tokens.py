@@ -458,3 +458,10 @@ def test_lone_surrogates_are_counted_not_raised(counter: TokenCounter, text: str
 ])
 def test_flattened_keys_keep_structure_apart(left: Any, right: Any) -> None:
     assert message_key(left) != message_key(right)
+
+
+def test_the_loaded_encoding_keeps_only_what_counting_needs() -> None:
+    counter = TokenCounter(BUNDLED_ENCODING)
+    assert counter.count_text("hello world") == 2
+    # The ranks live on in tiktoken's Rust core; the Python copy (about 15 MB) is released.
+    assert not hasattr(tiktoken.get_encoding(BUNDLED_ENCODING), "_mergeable_ranks")
