@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -17,6 +17,7 @@ from proxy.backoff import Backoff, shrink
 from proxy.budget import Limits
 from proxy.calibration import Calibration
 from proxy.config import Settings
+from proxy.elision import elide_text
 from proxy.flights import Flights, LocalFlights, RemoteFailure
 from proxy.messages import Message, is_instruction, is_user, role
 from proxy.metrics import Metrics
@@ -226,18 +227,29 @@ class Compactor:
         summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens),
                                   list(job.plan.to_summarise), self._templates, counter=self._counter,
                                   max_calls=config.max_calls, deadline=config.timeout, prefix=job.prefix)
-        continuation, acknowledgement = self._fillers
-        messages = replacement(job.plan, summary.message, continuation, acknowledgement)
-        tokens_after = sum(self._counter.count_message(m) for m in messages)
+        messages, tokens_after = self._replacement(job, summary)
         if not budget.fits_window(job.limits, tokens_after):
-            # A summary (parts kept side by side, say) that alone leaves no room in the window helps no one, and
-            # stored it would be spliced into every later turn and summarised again: it is refused, not stored.
-            # (The tail is not counted: an oversized tool result in it is elided after this.)
+            # Longer than asked (parts kept side by side, say): its middle goes, so the conversation goes on
+            # rather than failing every turn from here; both ends, the oldest facts and the latest, stay.
+            shortened = elide_text(summary.text, job.summary_tokens, self._counter.count_text,
+                                   self._templates.elision_marker)
+            summary = replace(summary, message={**summary.message, "content": shortened}, text=shortened,
+                              structured=None, strategy=f"{summary.strategy}_elided")
+            messages, tokens_after = self._replacement(job, summary)
+        if not budget.fits_window(job.limits, tokens_after):
+            # What stays besides the summary leaves no room: stored, it would be spliced into every later turn
+            # and summarised again; it is refused. (The tail is not counted: an oversized tool result in it is
+            # elided after this.)
             too_long = SummarizerError(f"the summary and what stays before it take {tokens_after} tokens: no room "
                                        f"left in the window of {job.limits.window}")
             too_long.usage, too_long.calls = summary.usage, summary.calls
             raise too_long
         return summary, messages, tokens_after
+
+    def _replacement(self, job: _Job, summary: Summary) -> tuple[list[Message], int]:
+        continuation, acknowledgement = self._fillers
+        messages = replacement(job.plan, summary.message, continuation, acknowledgement)
+        return messages, sum(self._counter.count_message(m) for m in messages)
 
     def _count_calls(self, calls: int, usage: Mapping[str, int], result: str) -> None:
         metrics = self._metrics

@@ -218,6 +218,8 @@ class LocalFlights:
                                    lambda: self._records.stored_or_built(namespace, prefix_hash, build))
 
     async def wait_for_any(self, namespace: str, chain: Sequence[str]) -> bool:
+        if not self._flights:  # nearly always: no summary is being built, and a long chain costs nothing
+            return False
         return await self._flights.wait_for_any([_key(namespace, prefix) for prefix in reversed(chain)])
 
 
@@ -246,7 +248,7 @@ class RedisFlights:
         return self._flights.start(_key(namespace, prefix_hash), lambda: self._across(namespace, prefix_hash, build))
 
     async def wait_for_any(self, namespace: str, chain: Sequence[str]) -> bool:
-        if await self._flights.wait_for_any([_key(namespace, prefix) for prefix in reversed(chain)]):
+        if self._flights and await self._flights.wait_for_any([_key(namespace, prefix) for prefix in reversed(chain)]):
             return True
         try:
             flying = await self._store.in_flight(namespace) if chain else frozenset()

@@ -22,6 +22,10 @@ class SingleFlight:
         """The key's call in progress, to join; None when there is none."""
         return self._flights.get(key)
 
+    def __len__(self) -> int:
+        """Calls in flight."""
+        return len(self._flights)
+
     async def wait_for_any(self, keys: Sequence[str]) -> bool:
         """Wait for the first of `keys` (in order) that is in flight; True if there was one."""
         task = next((self._flights[key] for key in keys if key in self._flights), None)

@@ -84,8 +84,14 @@ class ContextWindows:
 
         Afterwards `window(model)` and `window(summarizer_model, "summarizer")` answer with what was found.
         """
-        await asyncio.gather(self.resolve(model, headers=headers),
-                             self.resolve(summarizer_model, headers=headers, upstream="summarizer"))
+        # Checked here first: on nearly every request both are known, and gathering two coroutines would cost
+        # two tasks and a turn of the event loop for nothing.
+        wanted: tuple[tuple[str | None, UpstreamRole], ...] = ((model, "chat"), (summarizer_model, "summarizer"))
+        pending = [upstream for name, upstream in wanted if self._needs_discovery(name, upstream)]
+        if len(pending) == 1:
+            await self._refresh(pending[0], headers)
+        elif pending:
+            await asyncio.gather(*(self._refresh(upstream, headers) for upstream in pending))
 
     def learn(self, model: str | None, limit: int | None, upstream: UpstreamRole = "chat") -> bool:
         """Remember a limit an upstream error named; returns whether it was taken."""

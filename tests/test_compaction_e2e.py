@@ -421,7 +421,7 @@ async def test_retry_that_cannot_reach_the_upstream_returns_the_original_error(
     assert caught.value.response.json()["error"]["code"] == "context_length_exceeded"
 
 
-async def test_a_summary_that_leaves_the_request_over_the_window_is_refused_and_not_stored(
+async def test_a_summary_longer_than_the_window_allows_loses_its_middle_and_the_conversation_goes_on(
         model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
     proxy = await make_proxy(compaction_config(background=False))
     client = async_client(proxy.url)
@@ -430,15 +430,18 @@ async def test_a_summary_that_leaves_the_request_over_the_window_is_refused_and_
     async def rambling_summariser(request: Any, body: dict[str, Any], state: FakeUpstream) -> Any:
         if is_summarizer_request(body.get("messages") or []):  # parts kept side by side can add up like this
             model.received.append(Received(0.0, body, 0, True))
-            return web.json_response(completion(body, "FACT-0 " + "more words " * 4000))
+            return web.json_response(completion(body, "FACT-0 " + "more words " * 4000 + "FACT-LAST"))
         return await WindowedModel.__call__(model, request, body, state)
 
     fake.chat_hook = rambling_summariser
     history = big_history(20)
     first = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
-    assert first.headers["x-compaction"] == "failed"
-    assert first.parse().choices[0].message.content  # the request as sent still fitted: it was answered
+    assert first.headers["x-compaction"] == "proactive"
+    assert first.parse().choices[0].message.content
     assert all(call.prompt_tokens <= model.window for call in model.chat_calls)
+    forwarded = json.dumps(model.chat_calls[-1].body["messages"])
+    assert "FACT-0" in forwarded and "FACT-LAST" in forwarded, "both ends of the summary are kept"
+    assert "were left out here by the proxy" in forwarded and "more words " * 4000 not in forwarded
     fake.chat_hook = model
     second = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
-    assert second.headers["x-compaction"] != "reused", "the refused summary must not have been stored"
+    assert second.headers["x-compaction"] == "reused", "the shortened summary is stored and spliced in again"
