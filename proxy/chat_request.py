@@ -214,7 +214,7 @@ class ChatCall:
         forwarded.popall(MODE_HEADER, None)
         return cls(body, payload, forwarded, query, mode)
 
-    @property
+    @cached_property
     def model(self) -> str:
         return str(self.payload.get("model") or "")
 
