@@ -81,7 +81,22 @@ def _key(key: Any) -> str:
 
 
 def message_digest(message: Any) -> bytes:
-    return hashlib.blake2b(canonical_json(message), digest_size=32).digest()
+    return digest_of(canonical_json(message))
+
+
+def digest_of(canonical: bytes) -> bytes:
+    """The digest of a message's canonical JSON."""
+    return hashlib.blake2b(canonical, digest_size=32).digest()
+
+
+def chain_root(namespace: str) -> bytes:
+    """h[-1] of a chain: the state before its first message."""
+    return hashlib.blake2b(namespace.encode("utf-8", HASH_ERRORS), digest_size=32).digest()
+
+
+def chain_link(state: bytes, digest: bytes) -> bytes:
+    """h[i] from h[i-1] and the digest of messages[i]."""
+    return hashlib.blake2b(state + digest, digest_size=32).digest()
 
 
 def hash_chain(messages: Sequence[Any], namespace: str) -> list[str]:
@@ -89,9 +104,9 @@ def hash_chain(messages: Sequence[Any], namespace: str) -> list[str]:
 
     Entry i fingerprints the prefix messages[: i + 1], so a stored prefix of length k has key chain[k - 1].
     """
-    state = hashlib.blake2b(namespace.encode("utf-8", HASH_ERRORS), digest_size=32).digest()
+    state = chain_root(namespace)
     chain = []
     for message in messages:
-        state = hashlib.blake2b(state + message_digest(message), digest_size=32).digest()
+        state = chain_link(state, message_digest(message))
         chain.append(state.hex())
     return chain

@@ -14,13 +14,12 @@ miss every stored summary rather than match a wrong one, because each link also 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.fingerprint import HASH_ERRORS, canonical_json
+from proxy.fingerprint import canonical_json, chain_link, chain_root, digest_of
 from proxy.offload import LARGE
 from proxy.tokens import TokenCounter
 
@@ -88,7 +87,7 @@ class HistoryIndex:
 
     def _entries_for(self, messages: Sequence[Any], missing: dict[int, tuple[int, bytes]]) -> dict[int, _Entry]:
         # Thread-safe: reads nothing of the index; the counter guards its own cache.
-        return {key: (hashlib.blake2b(canonical, digest_size=32).digest(), self._counter.count_message(messages[index]),
+        return {key: (digest_of(canonical), self._counter.count_message(messages[index]),
                       b"", b"", "")
                 for key, (index, canonical) in missing.items()}
 
@@ -104,7 +103,7 @@ class HistoryIndex:
         for key, entry in zip(keys, known, strict=True):  # the hot loop of a long history: kept flat
             digest, tokens, before, after, after_hex = entry
             if before != state:
-                after = hashlib.blake2b(state + digest, digest_size=32).digest()
+                after = chain_link(state, digest)
                 after_hex = after.hex()
                 entry = entries[key] = (digest, tokens, state, after, after_hex)
             try:
@@ -122,7 +121,6 @@ class HistoryIndex:
         if root is None:
             if len(self._roots) >= self._max_entries:
                 self._roots.clear()
-            root = self._roots[namespace] = hashlib.blake2b(namespace.encode("utf-8", HASH_ERRORS),
-                                                            digest_size=32).digest()
+            root = self._roots[namespace] = chain_root(namespace)
         return root
 
