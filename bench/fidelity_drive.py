@@ -12,7 +12,7 @@ from bench.fidelity_facts import Conversation, Fact, drive_points, probe_message
 from bench.fidelity_filler import Message
 
 SEED = 1234  # the sampling seed of every request the bench sends (tests/e2e_real/model_server.SEED)
-DRIVE_MAX_TOKENS = 16  # the script supplies the next assistant turn: the model's reply is discarded
+DRIVE_MAX_TOKENS = 1  # the script supplies the next assistant turn: the model's reply is discarded
 PROBE_MAX_TOKENS = 48
 NEW_SUMMARY = ("proactive", "reactive")
 

@@ -18,6 +18,7 @@ from proxy.budget import Limits
 from proxy.calibration import Calibration
 from proxy.config import Settings
 from proxy.elision import elide_text
+from proxy.evidence import complete, gather
 from proxy.flights import Flights, LocalFlights, RemoteFailure
 from proxy.messages import Message, is_instruction, is_user, role
 from proxy.metrics import Metrics
@@ -193,7 +194,8 @@ class Compactor:
         job = _Job(plan, prefix_hash, prefix_len, conversation.namespace, conversation.backoff_key, limits,
                    model=self._settings.compaction.summarizer.model or model, trigger=trigger, headers=headers,
                    summary_tokens=shrink(plan.summary_tokens, decision.level, MIN_RETRY_SUMMARY_TOKENS),
-                   level=decision.level, prefix=self._prefix(conversation, plan, model, tools))
+                   level=decision.level, prefix=self._prefix(conversation, plan, model, tools),
+                   source=tuple(conversation.original[:prefix_len]))
         # The flight looks for a stored record first, and stores what _summarise returns (fenced, across replicas).
         return Flight(self._flights.start(conversation.namespace, prefix_hash, lambda: self._summarise(job)),
                       prefix_len)
@@ -227,6 +229,8 @@ class Compactor:
         summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens),
                                   list(job.plan.to_summarise), self._templates, counter=self._counter,
                                   max_calls=config.max_calls, deadline=config.timeout, prefix=job.prefix)
+        if config.evidence:
+            summary = self._with_evidence(job, summary)
         messages, tokens_after = self._replacement(job, summary)
         if not budget.fits_window(job.limits, tokens_after):
             # Longer than asked (parts kept side by side, say): its middle goes, so the conversation goes on
@@ -245,6 +249,27 @@ class Compactor:
             too_long.usage, too_long.calls = summary.usage, summary.calls
             raise too_long
         return summary, messages, tokens_after
+
+    def _with_evidence(self, job: _Job, summary: Summary) -> Summary:
+        """The summary with the user's words, errors, commands and files it left out, read from the client's own
+        messages (not the spliced history: a value an earlier summary dropped comes back)."""
+        evidence = gather(job.source, (*job.plan.head, *job.plan.kept_users))
+        count = self._counter.count_text
+        # What the plan allots the summary, less what the model wrote; at least a third of it whatever the
+        # model wrote (the window check after this still holds).
+        room = max(job.summary_tokens - count(summary.text), job.summary_tokens // 3)
+        structured, added = complete(summary.structured, summary.text, evidence, room, count)
+        if not added:
+            return summary
+        try:
+            rendered = structured.render(templates=self._templates)
+        except Exception as error:  # noqa: BLE001 - operator template code; the summary as written stays
+            log.warning("summary template failed on evidence (%s); summary kept as written", type(error).__name__)
+            return summary
+        # A reply that did not parse stays verbatim, the evidence after it.
+        text = rendered if summary.structured is not None else f"{summary.text}\n\n{rendered}"
+        return replace(summary, message={**summary.message, "content": text}, text=text, evidence=added,
+                       structured=structured if summary.structured is not None else None)
 
     def _replacement(self, job: _Job, summary: Summary) -> tuple[list[Message], int]:
         continuation, acknowledgement = self._fillers
@@ -266,7 +291,7 @@ class Compactor:
         log.info(json.dumps({**job.log_fields(), "event": "compaction", "messages_before": record.prefix_len,
                              "messages_after": len(record.replacement), "tokens_before": record.tokens_before,
                              "tokens_after": record.tokens_after, "summarizer_calls": summary.calls,
-                             "summarizer_strategy": summary.strategy,
+                             "summarizer_strategy": summary.strategy, "evidence_added": summary.evidence,
                              "summarizer_prompt_tokens": summary.usage.get("prompt_tokens", 0),
                              "summarizer_completion_tokens": summary.usage.get("completion_tokens", 0),
                              "structured": summary.structured is not None, "duration_ms": round(seconds * 1000, 1)}))
@@ -298,6 +323,7 @@ class _Job:
     summary_tokens: int
     level: int
     prefix: ConversationPrefix | None = None
+    source: tuple[Message, ...] = ()  # the client's messages the summary stands in for
 
     def log_fields(self) -> dict[str, Any]:
         limits = self.limits

@@ -134,6 +134,9 @@ class SummarizerConfig(_Frozen):
     # upstream's prefix cache serves the history; transcript: the history as text in a system prompt of its own.
     # auto: prefix when the summariser is the conversation's own model at its own upstream, else transcript.
     layout: Literal["auto", "prefix", "transcript"] = "auto"
+    # Add to each summary, verbatim, the user messages, failing commands with their error lines and files worked
+    # on that it left out (proxy.evidence): small models drop exact values first.
+    evidence: bool = True
 
 
 class CompactionConfig(_Frozen):

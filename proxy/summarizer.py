@@ -87,6 +87,7 @@ class Summary:
     structured: StructuredSummary | None
     text: str
     strategy: str  # "prefix" | "direct" | "removed_tool_results_<percent>" | "chunked"
+    evidence: int = 0  # entries the proxy added from the messages themselves (proxy.evidence)
 
 
 async def summarize(model: ChatModel, messages: Sequence[Any], templates: Templates | None = None, *,

@@ -445,3 +445,53 @@ async def test_a_summary_longer_than_the_window_allows_loses_its_middle_and_the_
     fake.chat_hook = model
     second = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
     assert second.headers["x-compaction"] == "reused", "the shortened summary is stored and spliced in again"
+
+
+def history_with_a_failing_command(turns: int) -> list[dict[str, Any]]:
+    history = big_history(turns)
+    failing = [{"role": "assistant", "content": None,
+                "tool_calls": [{"id": "call_77", "type": "function",
+                                "function": {"name": "run_command", "arguments": '{"command": "pytest -k shard_77"}'}}]},
+               {"role": "tool", "tool_call_id": "call_77", "content": "collected 3 items\n"
+                                                                        "E   ShardError: checksum mismatch in shard 77"}]
+    return [*history[:3], *failing, *history[3:]]
+
+
+@pytest.mark.parametrize("evidence", [True, False], ids=["evidence", "no-evidence"])
+async def test_a_failing_command_the_summary_left_out_is_added_verbatim(evidence: bool, model: WindowedModel,
+                                                                         make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config(background=False, summarizer={"evidence": evidence}))
+    client = async_client(proxy.url)
+    await calibrated(client, model)
+    history = history_with_a_failing_command(20)
+    raw = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
+    assert raw.headers["x-compaction"] == "proactive"
+    summariser_input = json.dumps(model.summarizer_calls[0].body)
+    assert "checksum mismatch in shard 77" in summariser_input
+    forwarded = model.chat_calls[-1].body["messages"]
+    summary = next(m["content"] for m in forwarded if m["role"] == "user" and "# Conversation Summary" in m["content"])
+    assert "FACT-0" in summary, "the model's own summary stays"
+    quoted = "`pytest -k shard_77`: E   ShardError: checksum mismatch in shard 77"
+    assert (quoted in summary) is evidence
+    assert all(call.prompt_tokens <= model.window for call in model.chat_calls)
+
+
+async def test_evidence_follows_a_reply_that_did_not_parse_which_stays_verbatim(
+        model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(compaction_config(background=False))
+    client = async_client(proxy.url)
+    await calibrated(client, model)
+
+    async def prose_summariser(request: Any, body: dict[str, Any], state: FakeUpstream) -> Any:
+        if is_summarizer_request(body.get("messages") or []):
+            model.received.append(Received(0.0, body, 0, True))
+            return web.json_response(completion(body, "The user keeps a list of facts, FACT-0 onwards."))
+        return await WindowedModel.__call__(model, request, body, state)
+
+    fake.chat_hook = prose_summariser
+    raw = await client.chat.completions.with_raw_response.create(model="fake-small",
+                                                                 messages=history_with_a_failing_command(20))
+    assert raw.headers["x-compaction"] == "proactive"
+    summary = model.chat_calls[-1].body["messages"][1]["content"]
+    assert summary.startswith("The user keeps a list of facts, FACT-0 onwards.\n\n# Conversation Summary")
+    assert "E   ShardError: checksum mismatch in shard 77" in summary

@@ -1,0 +1,156 @@
+"""proxy.evidence: what is gathered from the summarised messages, and how it completes a summary within its room."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.evidence import Evidence, complete, gather, normalised
+from proxy.summary import FileNote, StructuredSummary
+from proxy.tokens import TokenCounter
+
+COUNTER = TokenCounter()
+ERROR = "E   ReconcileError: E1464: duplicate journal key cd0e87"
+
+
+def call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": text}}]}
+
+
+def result(call_id: str, content: Any) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+HISTORY = [
+    {"role": "user", "content": "Fix the tests. Never touch third_party/vendored_1234/."},
+    call("c1", "run_command", {"command": "pytest tests/payments -q"}),
+    result("c1", f"tests/payments/test_x.py::test_batch FAILED\n{ERROR}\n1 failed, 6 passed in 3.41s"),
+    call("c2", "read_file", {"path": "src/payments/ledger.py"}),
+    result("c2", "def reconcile(batch):\n    return 0"),
+    call("c3", "edit_file", {"path": "src/payments/ledger.py", "old": "round(x, 1)", "new": "round_half(x)"}),
+    result("c3", "patch applied"),
+    call("c4", "run_command", {"command": "git status"}),
+    result("c4", "On branch main\nnothing to commit"),
+    {"role": "user", "content": "Good. Use snapfmt_b instead of snapfmt_a from now on."},
+]
+
+
+def test_gather_reads_users_commands_errors_and_files() -> None:
+    evidence = gather(HISTORY)
+    assert evidence.user_messages == (HISTORY[0]["content"], HISTORY[-1]["content"])
+    labels = [action.label for action in evidence.actions]
+    assert labels == ["`pytest tests/payments -q`", 'read_file({"path": "src/payments/ledger.py"})',
+                      'edit_file({"path": "src/payments/ledger.py", "old": "round(x, 1)", "new": "round_half(x)"})',
+                      "`git status`"]
+    first, read, edit, status = evidence.actions
+    assert first.errors == ("tests/payments/test_x.py::test_batch FAILED", ERROR, "1 failed, 6 passed in 3.41s")
+    assert (read.path, read.writes, read.detail) == ("src/payments/ledger.py", False, "read_file")
+    assert (edit.writes, edit.detail) == (True, "edit_file old=round(x, 1) new=round_half(x)")
+    assert status.errors == () and status.command == "git status"
+
+
+@pytest.mark.parametrize(("messages", "kept", "users", "actions"), [
+    pytest.param(HISTORY, [HISTORY[-1]], 1, 4, id="a user message kept verbatim is not evidence"),
+    pytest.param([call("c", "run", "{not json")], [], 0, 0, id="unparsable arguments are skipped"),
+    pytest.param([call("c", "run", "[1, 2]")], [], 0, 0, id="arguments that are not an object are skipped"),
+    pytest.param([{"role": "assistant", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}], [], 0, 0,
+                 id="a call without a name is skipped"),
+    pytest.param([{"role": "assistant", "tool_calls": ["junk", None]}], [], 0, 0, id="calls that are not objects"),
+    pytest.param([{"role": "user", "content": [{"type": "text", "text": "parts"}]}], [], 1, 0, id="content parts"),
+    pytest.param([{"role": "user", "content": ""}, {"role": "user"}], [], 0, 0, id="empty user messages"),
+    pytest.param([{"role": "system", "content": "rules"}], [], 0, 0, id="instructions are not user messages"),
+])
+def test_gather_edge_cases(messages: list[dict[str, Any]], kept: list[dict[str, Any]], users: int,
+                           actions: int) -> None:
+    evidence = gather(messages, kept)
+    assert (len(evidence.user_messages), len(evidence.actions)) == (users, actions)
+
+
+@pytest.mark.parametrize(("line", "is_error"), [
+    ("ValueError: bad value", True), ("Traceback (most recent call last):", True), ("2 FAILED", True),
+    ("E   assert 1 == 2", True), ("fatal: not a git repository", True), ("npm ERR! code E404", False),
+    ("error: could not compile", True), ("5 passed in 1.2s", False), ("import error_handler", False),
+    ("no errors found", False), ("Elapsed 3s", False),
+])
+def test_error_lines(line: str, is_error: bool) -> None:
+    evidence = gather([call("c", "run", {"command": "x"}), result("c", f"ok\n{line}\n")])
+    assert bool(evidence.actions[0].errors) is is_error
+
+
+def test_long_outputs_and_messages_are_shortened() -> None:
+    output = "\n".join(f"Error {n}: " + "x" * 500 for n in range(10))
+    evidence = gather([{"role": "user", "content": "start " + "y" * 5000 + " end"},
+                       call("c", "run", {"command": "make"}), result("c", output)])
+    assert len(evidence.actions[0].errors) == 3 and all(len(line) <= 240 for line in evidence.actions[0].errors)
+    (message,) = evidence.user_messages
+    assert len(message) <= 1200 and message.startswith("start") and message.endswith("end") and "[…]" in message
+
+
+def test_complete_adds_what_the_summary_lacks_in_its_fields() -> None:
+    summary = StructuredSummary(user_intent=("fix the tests",), files=(FileNote("src/payments/ledger.py", "bug"),))
+    merged, added = complete(summary, "fix the tests src/payments/ledger.py bug", gather(HISTORY), 1000,
+                             COUNTER.count_text)
+    assert added == 5
+    assert merged.user_intent == ("fix the tests",)
+    assert merged.user_messages == (HISTORY[0]["content"], HISTORY[-1]["content"])
+    assert merged.errors_and_fixes == (f"`pytest tests/payments -q`: tests/payments/test_x.py::test_batch FAILED | "
+                                       f"{ERROR} | 1 failed, 6 passed in 3.41s",)
+    assert merged.files == (FileNote("src/payments/ledger.py", "bug; read_file; edit_file old=round(x, 1) "
+                                                               "new=round_half(x)"),)
+    assert merged.problem_solving == ("ran `git status`",)
+
+
+def test_complete_adds_nothing_the_summary_already_quotes() -> None:
+    evidence = gather(HISTORY)
+    first, _ = complete(None, "", evidence, 1000, COUNTER.count_text)
+    text = first.render()
+    again, added = complete(first, text, evidence, 1000, COUNTER.count_text)
+    assert added == 0 and again == first
+
+
+def test_complete_ranks_within_its_room() -> None:
+    evidence = gather(HISTORY)
+    merged, added = complete(None, "", evidence, 30, COUNTER.count_text)
+    assert merged.user_messages == (HISTORY[-1]["content"],), "the newest user message comes first"
+    assert merged.problem_solving == ("ran `git status`",) and added == 2, "what does not fit is passed over"
+    nothing, none = complete(None, "", evidence, 0, COUNTER.count_text)
+    assert none == 0 and nothing == StructuredSummary()
+    assert complete(None, "", Evidence(), 1000, COUNTER.count_text) == (StructuredSummary(), 0)
+
+
+def test_a_summary_quoting_with_other_spacing_and_case_counts_as_quoted() -> None:
+    evidence = gather([HISTORY[0]])
+    _, added = complete(None, "FIX THE TESTS.\n  never touch   third_party/vendored_1234/.", evidence, 100,
+                        COUNTER.count_text)
+    assert added == 0
+
+
+texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60)
+messages = st.lists(st.one_of(
+    st.builds(lambda text: {"role": "user", "content": text}, texts),
+    st.builds(lambda i, name, command: call(f"c{i}", name, {"command": command}),
+              st.integers(0, 5), st.sampled_from(["run", "edit_file", "read"]), texts),
+    st.builds(lambda i, path: call(f"c{i}", "read_file", {"path": path}), st.integers(0, 5), texts),
+    st.builds(lambda i, text: result(f"c{i}", text), st.integers(0, 5), texts)), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages, st.integers(0, 400))
+def test_property_evidence_stays_in_its_room_and_keeps_the_summary(history: list[dict[str, Any]],
+                                                                   room: int) -> None:
+    summary = StructuredSummary(user_intent=("goal",), files=(FileNote("a.py", "note"),), errors_and_fixes=("e",))
+    merged, added = complete(summary, "goal a.py note e", gather(history), room, COUNTER.count_text)
+    extra = [*merged.user_messages, *merged.errors_and_fixes[1:], *merged.problem_solving,
+             *(f"{note.path}{note.summary or ''}" for note in merged.files[1:])]
+    assert sum(COUNTER.count_text(text) + 4 for text in extra) <= room + 4 * len(extra)
+    assert merged.user_intent == ("goal",) and merged.errors_and_fixes[0] == "e"
+    assert merged.files[0].path == "a.py" and (merged.files[0].summary or "").startswith("note")
+    assert added <= len(extra) + 1
+    rendered = normalised(merged.render())
+    assert all(normalised(text) in rendered for text in merged.user_messages)
