@@ -18,10 +18,11 @@ from proxy.budget import Limits
 from proxy.calibration import Calibration
 from proxy.config import Settings
 from proxy.elision import elide_text
-from proxy.evidence import complete, gather
+from proxy.evidence import complete, gather, text_size
 from proxy.flights import Flights, LocalFlights, RemoteFailure
 from proxy.messages import Message, is_instruction, is_user, role
 from proxy.metrics import Metrics
+from proxy.offload import off_loop_if_large
 from proxy.plan import Plan, apply_replacement, plan_compaction, replacement
 from proxy.request_log import current_request_id
 from proxy.store import CompactedPrefix, SummaryStore
@@ -230,7 +231,7 @@ class Compactor:
                                   list(job.plan.to_summarise), self._templates, counter=self._counter,
                                   max_calls=config.max_calls, deadline=config.timeout, prefix=job.prefix)
         if config.evidence:
-            summary = self._with_evidence(job, summary)
+            summary = await self._with_evidence(job, summary)
         messages, tokens_after = self._replacement(job, summary)
         if not budget.fits_window(job.limits, tokens_after):
             # Longer than asked (parts kept side by side, say): its middle goes, so the conversation goes on
@@ -250,10 +251,11 @@ class Compactor:
             raise too_long
         return summary, messages, tokens_after
 
-    def _with_evidence(self, job: _Job, summary: Summary) -> Summary:
+    async def _with_evidence(self, job: _Job, summary: Summary) -> Summary:
         """The summary with the user's words, errors, commands and files it left out, read from the client's own
         messages (not the spliced history: a value an earlier summary dropped comes back)."""
-        evidence = gather(job.source, (*job.plan.head, *job.plan.kept_users))
+        evidence = await off_loop_if_large(text_size(job.source), gather, job.source,
+                                           (*job.plan.head, *job.plan.kept_users))
         count = self._counter.count_text
         # What the plan allots the summary, less what the model wrote; at least a third of it whatever the
         # model wrote (the window check after this still holds).

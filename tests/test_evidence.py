@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.evidence import Evidence, complete, gather, normalised
+from proxy.evidence import ERROR_WORD, Evidence, _error_lines, complete, gather, normalised
 from proxy.summary import FileNote, StructuredSummary
 from proxy.tokens import TokenCounter
 
@@ -129,6 +129,19 @@ def test_a_summary_quoting_with_other_spacing_and_case_counts_as_quoted() -> Non
     _, added = complete(None, "FIX THE TESTS.\n  never touch   third_party/vendored_1234/.", evidence, 100,
                         COUNTER.count_text)
     assert added == 0
+
+
+def reference_error_lines(output: str) -> list[str]:
+    """Every line matched by the pattern, the slow way."""
+    return [line.strip() for line in output.split("\n") if ERROR_WORD.search(line)][:3]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(["error", "Error", "ERRORS", "x", "E ", "E\t", " E ", "failed", "_failure", "panic",
+                                 "Traceback", "fatal:", "\n", "\r\n", " ", "İ", "ẞ", "e "]), max_size=40))
+def test_property_error_lines_equal_a_full_scan(pieces: list[str]) -> None:
+    output = "".join(pieces)
+    assert _error_lines(output) == reference_error_lines(output)
 
 
 texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60)
