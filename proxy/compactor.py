@@ -27,6 +27,7 @@ from proxy.plan import Plan, apply_replacement, plan_compaction, replacement
 from proxy.request_log import current_request_id
 from proxy.store import CompactedPrefix, SummaryStore
 from proxy.summarizer import ChatModel, ConversationPrefix, SummarizerError, Summary, summarize
+from proxy.summary import rendered_text
 from proxy.templates import Templates
 from proxy.tokens import TokenCounter
 
@@ -263,10 +264,7 @@ class Compactor:
         structured, added = complete(summary.structured, summary.text, evidence, room, count)
         if not added:
             return summary
-        try:
-            rendered = structured.render(templates=self._templates)
-        except Exception as error:  # noqa: BLE001 - operator template code; the summary as written stays
-            log.warning("summary template failed on evidence (%s); summary kept as written", type(error).__name__)
+        if (rendered := rendered_text(structured, self._templates)) is None:
             return summary
         # A reply that did not parse stays verbatim, the evidence after it.
         text = rendered if summary.structured is not None else f"{summary.text}\n\n{rendered}"

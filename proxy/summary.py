@@ -117,15 +117,19 @@ class StructuredSummary:
 def summary_text(reply: str, templates: Templates | None = None) -> str:
     """The rendered summary, or the raw reply verbatim when it cannot be parsed or rendered."""
     summary = StructuredSummary.parse(reply)
-    if summary is None:
-        return reply
+    rendered = rendered_text(summary, templates) if summary is not None else None
+    return rendered if rendered is not None else reply
+
+
+def rendered_text(summary: StructuredSummary, templates: Templates | None = None) -> str | None:
+    """The summary rendered, or None when the template fails or renders nothing (the caller keeps its text)."""
     try:
         rendered = summary.render(templates=templates)
-    # An override template is operator code and may raise anything; the raw reply loses nothing.
-    except Exception as error:  # noqa: BLE001 - operator template code; the raw reply loses nothing
-        log.warning("summary template failed (%s); using the raw summariser reply", type(error).__name__)
-        return reply
-    return rendered if rendered.strip() else reply
+    # An override template is operator code and may raise anything; the caller's text loses nothing.
+    except Exception as error:  # noqa: BLE001 - operator template code; the caller's text loses nothing
+        log.warning("summary template failed (%s); keeping the text as written", type(error).__name__)
+        return None
+    return rendered if rendered.strip() else None
 
 
 def _candidate_objects(text: str) -> Iterator[dict[str, Any]]:
