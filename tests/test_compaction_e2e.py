@@ -421,19 +421,24 @@ async def test_retry_that_cannot_reach_the_upstream_returns_the_original_error(
     assert caught.value.response.json()["error"]["code"] == "context_length_exceeded"
 
 
+def summariser_replying(model: WindowedModel, text: str) -> Any:
+    """A chat hook: summariser requests are recorded and answered with `text`, the rest go to `model`."""
+    async def hook(request: Any, body: dict[str, Any], state: FakeUpstream) -> Any:
+        if is_summarizer_request(body.get("messages") or []):
+            model.received.append(Received(0.0, body, 0, True))
+            return web.json_response(completion(body, text))
+        return await WindowedModel.__call__(model, request, body, state)
+    return hook
+
+
 async def test_a_summary_longer_than_the_window_allows_loses_its_middle_and_the_conversation_goes_on(
         model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
     proxy = await make_proxy(compaction_config(background=False))
     client = async_client(proxy.url)
     await calibrated(client, model)
 
-    async def rambling_summariser(request: Any, body: dict[str, Any], state: FakeUpstream) -> Any:
-        if is_summarizer_request(body.get("messages") or []):  # parts kept side by side can add up like this
-            model.received.append(Received(0.0, body, 0, True))
-            return web.json_response(completion(body, "FACT-0 " + "more words " * 4000 + "FACT-LAST"))
-        return await WindowedModel.__call__(model, request, body, state)
-
-    fake.chat_hook = rambling_summariser
+    # Parts kept side by side can add up like this.
+    fake.chat_hook = summariser_replying(model, "FACT-0 " + "more words " * 4000 + "FACT-LAST")
     history = big_history(20)
     first = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
     assert first.headers["x-compaction"] == "proactive"
@@ -481,14 +486,7 @@ async def test_evidence_follows_a_reply_that_did_not_parse_which_stays_verbatim(
     proxy = await make_proxy(compaction_config(background=False))
     client = async_client(proxy.url)
     await calibrated(client, model)
-
-    async def prose_summariser(request: Any, body: dict[str, Any], state: FakeUpstream) -> Any:
-        if is_summarizer_request(body.get("messages") or []):
-            model.received.append(Received(0.0, body, 0, True))
-            return web.json_response(completion(body, "The user keeps a list of facts, FACT-0 onwards."))
-        return await WindowedModel.__call__(model, request, body, state)
-
-    fake.chat_hook = prose_summariser
+    fake.chat_hook = summariser_replying(model, "The user keeps a list of facts, FACT-0 onwards.")
     raw = await client.chat.completions.with_raw_response.create(model="fake-small",
                                                                  messages=history_with_a_failing_command(20))
     assert raw.headers["x-compaction"] == "proactive"
