@@ -142,8 +142,12 @@ def normalised(text: str) -> str:
 @dataclass(frozen=True)
 class _Item:
     field: str          # the summary field it goes to
-    text: str           # the list entry, or a file's path
-    detail: str = ""    # a file's actions
+    text: str                       # the list entry, or a file's path
+    details: tuple[str, ...] = ()   # a file's actions, oldest first
+
+    @property
+    def detail(self) -> str:
+        return "; ".join(self.details)
 
 
 def _items(evidence: Evidence) -> Iterator[_Item]:
@@ -167,13 +171,13 @@ def _file_items(newest: Sequence[Action], *, writes: bool) -> Iterator[_Item]:
     paths = dict.fromkeys(action.path for action in newest if action.path and action.writes == writes)
     for path in paths:
         details = dict.fromkeys(action.detail for action in reversed(newest) if action.path == path)
-        yield _Item("files", str(path), "; ".join(details))
+        yield _Item("files", str(path), tuple(details))
 
 
 def _missing(item: _Item, have: str) -> bool:
     if item.field != "files":
         return normalised(item.text) not in have
-    details = [part for part in item.detail.split("; ") if " " in part]  # a bare tool name says nothing
+    details = [part for part in item.details if " " in part]  # a bare tool name says nothing
     return normalised(item.text) not in have or any(normalised(part) not in have for part in details)
 
 
