@@ -3,6 +3,7 @@ files worked on), read from the summarised messages and added to the summary whe
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import string
@@ -31,6 +32,11 @@ MAX_VALUE_CHARS = 80    # one argument of a file action
 MAX_USER_CHARS = 1200   # one user message: past this its middle goes
 ELLIPSIS = " […] "
 MIN_ITEM_TOKENS = 8     # no entry is smaller: below this the room is spent
+# A line of settings as config files and `env` print them (`LEDGER_PORT=5432`, `timeout = 30`, `port: 8080`).
+SETTING = re.compile(r"[A-Za-z_][\w.\-]*[ \t]?(?:=[ \t]?[^=\s]|:[ \t]\S).*")
+MAX_SETTINGS_OUTPUT = 4096  # characters: a longer output is not a settings file a summary could carry
+MAX_SETTINGS = 12       # lines kept from one output
+SETTINGS_LOOK = 2 * MAX_SETTINGS  # lines judged: a settings file shows what it is in its first lines
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class Action:
     writes: bool
     detail: str                 # the file action: the name and its other arguments, shortened
     errors: tuple[str, ...]
+    settings: tuple[str, ...] = ()  # the output's lines, when it reads as settings (a config file, `env`)
 
 
 @dataclass(frozen=True)
@@ -81,8 +88,9 @@ def _action(call: Any, results: dict[Any, str]) -> Action | None:
     others = {key: value for key, value in arguments.items() if key not in PATH_KEYS}
     detail = " ".join([name, *(f"{key}={_shortened(_text(value), MAX_VALUE_CHARS)}" for key, value in others.items())])
     label = f"`{command}`" if command else f"{name}({_shortened(json.dumps(arguments), MAX_VALUE_CHARS)})"
-    errors = tuple(_error_lines(results.get(call.get("id"), "")))
-    return Action(label, command, path, any(word in name.lower() for word in WRITE_WORDS), detail, errors)
+    output = results.get(call.get("id"), "")
+    return Action(label, command, path, any(word in name.lower() for word in WRITE_WORDS), detail,
+                  tuple(_error_lines(output)), _settings(output))
 
 
 def _first_text(arguments: dict[str, Any], keys: Sequence[str]) -> str | None:
@@ -121,6 +129,23 @@ def _error_lines(output: str) -> list[str]:
     return lines
 
 
+def _settings(output: str) -> tuple[str, ...]:
+    """The setting lines of a short output made mostly of them (comments and blank lines aside), else none.
+
+    A configured value (a port, a timeout, a host) is read once and asked for much later; a source file with one
+    assignment in it is not a settings file, so most of its lines must be settings.
+    """
+    if len(output) > MAX_SETTINGS_OUTPUT or ("=" not in output and ": " not in output):
+        return ()
+    lines = list(itertools.islice((line.rstrip() for line in output.splitlines()
+                                   if line.strip() and not line.lstrip().startswith(("#", ";"))), SETTINGS_LOOK))
+    settings = [line for line in lines if SETTING.fullmatch(line)]
+    # One "Note: …" line is a message, not a settings file: the `key: value` form needs company.
+    if not settings or 2 * len(settings) < len(lines) or (len(settings) == 1 and "=" not in settings[0]):
+        return ()
+    return tuple(_shortened(line, MAX_VALUE_CHARS) for line in settings[:MAX_SETTINGS])
+
+
 def _shortened(text: str, limit: int) -> str:
     text = text.strip()
     if len(text) <= limit:
@@ -144,6 +169,7 @@ class _Item:
     field: str          # the summary field it goes to
     text: str                       # the list entry, or a file's path
     details: tuple[str, ...] = ()   # a file's actions, oldest first
+    code: str = ""                  # a file's settings, as read
 
     @property
     def detail(self) -> str:
@@ -151,34 +177,51 @@ class _Item:
 
 
 def _items(evidence: Evidence) -> Iterator[_Item]:
-    """Candidates most important first: the user's words, then errors, files changed, commands, files read."""
+    """Candidates most important first: the user's words, errors, settings read, files changed, commands, files
+    read."""
     for text in reversed(evidence.user_messages):
         yield _Item("user_messages", text)
     newest = list(reversed(evidence.actions))
     for action in newest:
         if action.errors:
             yield _Item("errors_and_fixes", f"{action.label}: " + " | ".join(action.errors))
-    yield from _file_items(newest, writes=True)
-    seen: set[str] = set()
+    done: set[str] = set()  # paths and commands an entry already stands for
     for action in newest:
-        if action.command and not action.errors and action.command not in seen:
-            seen.add(action.command)
+        if action.settings and not action.errors and (key := action.path or action.label) not in done:
+            yield _settings_item(action, newest)
+            done.add(key)
+    yield from _file_items(newest, writes=True, done=done)
+    for action in newest:
+        if action.command and not action.errors and action.command not in done and action.label not in done:
+            done.add(action.command)
             yield _Item("problem_solving", f"ran `{action.command}`")
-    yield from _file_items(newest, writes=False)
+    yield from _file_items(newest, writes=False, done=done)
 
 
-def _file_items(newest: Sequence[Action], *, writes: bool) -> Iterator[_Item]:
-    paths = dict.fromkeys(action.path for action in newest if action.path and action.writes == writes)
+def _settings_item(action: Action, newest: Sequence[Action]) -> _Item:
+    """A settings file as its note with the lines read; a command that printed settings as what it printed."""
+    if action.path is None:
+        return _Item("problem_solving", f"{action.label} printed: " + " ".join(action.settings))
+    return _Item("files", action.path, _details(action.path, newest), "\n".join(action.settings))
+
+
+def _file_items(newest: Sequence[Action], *, writes: bool, done: set[str]) -> Iterator[_Item]:
+    paths = dict.fromkeys(action.path for action in newest
+                          if action.path and action.writes == writes and action.path not in done)
     for path in paths:
-        details = dict.fromkeys(action.detail for action in reversed(newest) if action.path == path)
-        yield _Item("files", str(path), tuple(details))
+        yield _Item("files", str(path), _details(str(path), newest))
+
+
+def _details(path: str, newest: Sequence[Action]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(action.detail for action in reversed(newest) if action.path == path))
 
 
 def _missing(item: _Item, have: str) -> bool:
     if item.field != "files":
         return normalised(item.text) not in have
     details = [part for part in item.details if " " in part]  # a bare tool name says nothing
-    return normalised(item.text) not in have or any(normalised(part) not in have for part in details)
+    return normalised(item.text) not in have or any(normalised(part) not in have for part in details) \
+        or any(normalised(line) not in have for line in item.code.splitlines())
 
 
 def complete(summary: StructuredSummary | None, text: str, evidence: Evidence, room: int,
@@ -195,13 +238,14 @@ def complete(summary: StructuredSummary | None, text: str, evidence: Evidence, r
     for item in _items(evidence):
         if room < MIN_ITEM_TOKENS:
             break
-        cost = count(item.text + item.detail) + 4  # a bullet or a heading, and the line breaks
+        cost = count(item.text + item.detail + item.code) + (8 if item.code else 4)  # bullets, fences, breaks
         if cost > room or not _missing(item, have):
             continue
         room -= cost
         added += 1
-        have += " " + normalised(f"{item.text} {item.detail}")
-        fields[item.field].append(FileNote(item.text, item.detail or None) if item.field == "files" else item.text)
+        have += " " + normalised(f"{item.text} {item.detail} {item.code}")
+        fields[item.field].append(FileNote(item.text, item.detail or None, item.code or None)
+                                  if item.field == "files" else item.text)
     base = summary or StructuredSummary()
     merged = replace(base,
                      user_messages=(*base.user_messages, *reversed(fields["user_messages"])),
@@ -212,8 +256,12 @@ def complete(summary: StructuredSummary | None, text: str, evidence: Evidence, r
 
 
 def _merged_files(notes: Sequence[FileNote], added: Sequence[FileNote]) -> tuple[FileNote, ...]:
-    """The summary's file notes, each extended by the actions found for its path, then the new paths."""
-    actions = {note.path: note.summary for note in added}
-    extended = [replace(note, summary="; ".join(filter(None, (note.summary, actions.pop(note.path, None)))) or None)
-                if note.path in actions else note for note in notes]
-    return (*extended, *(note for note in added if note.path in actions))
+    """The summary's file notes, each extended by the actions and settings found for its path, then new paths."""
+    found = {note.path: note for note in added}
+    extended = [_extended(note, found.pop(note.path)) if note.path in found else note for note in notes]
+    return (*extended, *(note for note in added if note.path in found))
+
+
+def _extended(note: FileNote, found: FileNote) -> FileNote:
+    return replace(note, summary="; ".join(filter(None, (note.summary, found.summary))) or None,
+                   key_code="\n".join(filter(None, (note.key_code, found.key_code))) or None)

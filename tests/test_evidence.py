@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.evidence import ERROR_WORD, Evidence, _error_lines, complete, gather, normalised
+from proxy.evidence import ERROR_WORD, Evidence, _error_lines, _settings, complete, gather, normalised
 from proxy.summary import FileNote, StructuredSummary
 from proxy.tokens import TokenCounter
 
@@ -131,6 +131,56 @@ def test_a_summary_quoting_with_other_spacing_and_case_counts_as_quoted() -> Non
     assert added == 0
 
 
+ENV_FILE = "LEDGER_HOST=127.0.0.1\nLEDGER_PORT=40417\nLEDGER_POOL=8\nLEDGER_TLS=false"
+PYTHON = "import os\n\nTIMEOUT = 30\n\ndef run(batch):\n    total = sum(batch)\n    return total // 2"
+
+
+@pytest.mark.parametrize(("output", "expected"), [
+    pytest.param(ENV_FILE, tuple(ENV_FILE.splitlines()), id="an env file"),
+    pytest.param("# ledger\n\nport = 5432\n; comment\nhost = db", ("port = 5432", "host = db"), id="ini, comments"),
+    pytest.param("port: 8080\nworkers: 4\nmode: strict", ("port: 8080", "workers: 4", "mode: strict"), id="yaml"),
+    pytest.param("LEDGER_PORT=40417", ("LEDGER_PORT=40417",), id="one grepped setting"),
+    pytest.param("Note: the cache was cleared", (), id="one key: value line is a message"),
+    pytest.param(PYTHON, (), id="a source file with one constant"),
+    pytest.param("E   ReconcileError: E1464: drift\n1 failed", (), id="a test failure"),
+    pytest.param("On branch main\nChanges not staged for commit:\n  modified:   src/a.py", (), id="git status"),
+    pytest.param("src/a.py:12:    parse(x)\nsrc/b.py:40:    parse(y)", (), id="grep hits"),
+    pytest.param("x == 1\ny == 2", (), id="comparisons"),
+    pytest.param("A=1\n" * 2000, (), id="longer than a settings file"),
+    pytest.param("\n".join(f"K{n}=v{n}" for n in range(20)), tuple(f"K{n}=v{n}" for n in range(12)),
+                 id="at most twelve lines"),
+    pytest.param("KEY=" + "v" * 300, ("KEY=" + "v" * 33 + " […] " + "v" * 37,), id="a long value is shortened"),
+])
+def test_settings_lines(output: str, expected: tuple[str, ...]) -> None:
+    assert _settings(output) == expected
+
+
+def test_a_settings_file_read_is_kept_with_its_lines_before_the_files_changed() -> None:
+    history = [*HISTORY, call("c5", "read_file", {"path": "config/ledger.env"}), result("c5", ENV_FILE),
+               call("c6", "edit_file", {"path": "config/ledger.env", "set": "RECONCILE_TIMEOUT_MS=4821"}),
+               result("c6", "config/ledger.env: RECONCILE_TIMEOUT_MS changed from 1500 to 4821")]
+    merged, _ = complete(None, "", gather(history), 1000, COUNTER.count_text)
+    assert merged.files[0] == FileNote("config/ledger.env", "read_file; edit_file set=RECONCILE_TIMEOUT_MS=4821",
+                                       ENV_FILE)
+    assert [note.path for note in merged.files] == ["config/ledger.env", "src/payments/ledger.py"]
+    assert "LEDGER_PORT=40417" in merged.render()
+    tight, _ = complete(None, "", gather(history), 150, COUNTER.count_text)  # users, error, settings
+    assert [note.path for note in tight.files] == ["config/ledger.env"], "the settings outrank the other files"
+
+
+def test_settings_a_summary_already_quotes_or_a_command_printed() -> None:
+    history = [call("c1", "read_file", {"path": "config/ledger.env"}), result("c1", ENV_FILE),
+               call("c2", "run_command", {"command": "env | grep LEDGER"}), result("c2", "LEDGER_POOL=8")]
+    summary = StructuredSummary(files=(FileNote("config/ledger.env", "the service's settings", "LEDGER_HOST=x"),))
+    merged, added = complete(summary, summary.render(), gather(history), 1000, COUNTER.count_text)
+    assert added == 2
+    assert merged.files == (FileNote("config/ledger.env", "the service's settings; read_file",
+                                     "LEDGER_HOST=x\n" + ENV_FILE),)
+    assert merged.problem_solving == ("`env | grep LEDGER` printed: LEDGER_POOL=8",)
+    _, again = complete(merged, merged.render(), gather(history), 1000, COUNTER.count_text)
+    assert again == 0
+
+
 def reference_error_lines(output: str) -> list[str]:
     """Every line matched by the pattern, the slow way."""
     return [line.strip() for line in output.split("\n") if ERROR_WORD.search(line)][:3]
@@ -150,7 +200,10 @@ messages = st.lists(st.one_of(
     st.builds(lambda i, name, command: call(f"c{i}", name, {"command": command}),
               st.integers(0, 5), st.sampled_from(["run", "edit_file", "read"]), texts),
     st.builds(lambda i, path: call(f"c{i}", "read_file", {"path": path}), st.integers(0, 5), texts),
-    st.builds(lambda i, text: result(f"c{i}", text), st.integers(0, 5), texts)), max_size=12)
+    st.builds(lambda i, text: result(f"c{i}", text), st.integers(0, 5), texts),
+    st.builds(lambda i, lines: result(f"c{i}", "\n".join(lines)), st.integers(0, 5),
+              st.lists(st.from_regex(r"[a-zA-Z_]{1,6}(=|: )[0-9a-z]{1,5}", fullmatch=True), max_size=4))),
+    max_size=12)
 
 
 @settings(max_examples=300, deadline=None)
@@ -160,8 +213,8 @@ def test_property_evidence_stays_in_its_room_and_keeps_the_summary(history: list
     summary = StructuredSummary(user_intent=("goal",), files=(FileNote("a.py", "note"),), errors_and_fixes=("e",))
     merged, added = complete(summary, "goal a.py note e", gather(history), room, COUNTER.count_text)
     extra = [*merged.user_messages, *merged.errors_and_fixes[1:], *merged.problem_solving,
-             *(f"{note.path}{note.summary or ''}" for note in merged.files[1:])]
-    assert sum(COUNTER.count_text(text) + 4 for text in extra) <= room + 4 * len(extra)
+             *(f"{note.path}{note.summary or ''}{note.key_code or ''}" for note in merged.files[1:])]
+    assert sum(COUNTER.count_text(text) for text in extra) <= room
     assert merged.user_intent == ("goal",) and merged.errors_and_fixes[0] == "e"
     assert merged.files[0].path == "a.py" and (merged.files[0].summary or "").startswith("note")
     assert added <= len(extra) + 1
