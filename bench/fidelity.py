@@ -189,7 +189,8 @@ class Replicate:
                 messages = self._arm_messages(arm, history, tail, fact)
                 answer = await ask(via_proxy if arm == "proxy" else direct, self.model, messages, PROBE_MAX_TOKENS)
                 self.probes.append(probe_record(fact, arm, answer, grade(answer.content, fact), cycle=cycle,
-                                                replicate=self.seed, prompt_messages=len(messages)))
+                                                replicate=self.seed, prompt_messages=len(messages),
+                                                point=len(history) - 1, truncated=history[fact.index] not in tail))
             correct = sum(p["correct"] for p in self.probes[-len(facts):])
             print(f"    {arm:5s}: {correct}/{len(facts)} ({time.monotonic() - started:.0f}s)", flush=True)
 

@@ -21,7 +21,8 @@ def aggregate(probes: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, dict[s
     """cycle -> arm -> fact kind (and "overall") -> recall: mean and min-max over replicates, n probes."""
     tally: dict[tuple[int, str, str], dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for probe in probes:
-        for kind in (probe["kind"], "overall"):
+        # "truncated": the facts a truncating client no longer sends, the only ones the tail arm cannot just read.
+        for kind in (probe["kind"], "overall", *(("truncated",) if probe.get("truncated") else ())):
             tally[probe["cycle"], probe["arm"], kind][probe["replicate"]].append(bool(probe["correct"]))
     table: dict[int, dict[str, dict[str, Stat]]] = defaultdict(lambda: defaultdict(dict))
     for (cycle, arm, kind), by_replicate in sorted(tally.items()):
@@ -30,8 +31,8 @@ def aggregate(probes: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, dict[s
     return {cycle: dict(arms) for cycle, arms in table.items()}
 
 
-def ratio(table: Mapping[str, Mapping[str, Stat]], over: str) -> float | None:
-    proxy, other = table.get("proxy", {}).get("overall"), table.get(over, {}).get("overall")
+def ratio(table: Mapping[str, Mapping[str, Stat]], over: str, kind: str = "overall") -> float | None:
+    proxy, other = table.get("proxy", {}).get(kind), table.get(over, {}).get(kind)
     if not proxy or not other or not other["mean"]:
         return None
     return proxy["mean"] / other["mean"]
@@ -51,10 +52,13 @@ def recall_table(table: dict[int, dict[str, dict[str, Stat]]], arms: Sequence[st
     for cycle, by_arm in sorted(table.items()):
         lines += ["", f"After compaction {cycle}: recall, mean (min-max over replicates, n probes)", "",
                   "| fact | " + " | ".join(arms) + " |", "| --- |" + " --- |" * len(arms)]
-        for kind in (*KINDS, "overall"):
+        for kind in (*KINDS, "overall", "truncated"):
             if any(kind in by_arm.get(arm, {}) for arm in arms):
-                lines.append(f"| {kind} | " + " | ".join(cell(by_arm.get(arm, {}).get(kind)) for arm in arms) + " |")
+                label = "dropped by truncation" if kind == "truncated" else kind
+                lines.append(f"| {label} | " + " | ".join(cell(by_arm.get(arm, {}).get(kind)) for arm in arms) + " |")
         ratios = [f"proxy/{over} {value:.2f}" for over in ("full", "tail") if (value := ratio(by_arm, over))]
+        ratios += [f"on facts dropped by truncation proxy/{over} {value:.2f}" for over in ("full", "tail")
+                   if (value := ratio(by_arm, over, "truncated"))]
         lines.append(f"\n{'; '.join(ratios) or 'no ratios (an arm is missing or scored 0)'}")
     return lines
 

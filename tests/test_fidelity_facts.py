@@ -22,7 +22,7 @@ from bench.fidelity_facts import (
     message_text,
     request_text,
 )
-from bench.fidelity_report import aggregate
+from bench.fidelity_report import aggregate, recall_table
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import OPENAI_OVERFLOW, WindowedModel
@@ -90,6 +90,22 @@ def test_the_report_gives_recall_per_kind_and_arm_with_its_spread() -> None:
     assert table[1]["proxy"]["overall"] == {"mean": pytest.approx((2 / 3 + 1 / 2) / 2), "min": 0.5,
                                             "max": pytest.approx(2 / 3), "n": 5}
     assert table[1]["full"]["overall"]["mean"] == 1.0
+    assert "truncated" not in table[1]["proxy"]  # no probe says what truncation dropped
+
+
+def test_the_report_compares_the_arms_on_the_facts_truncation_dropped() -> None:
+    # The tail arm reads the facts still in its window: only on the others does it show what truncation loses.
+    probes = [{"replicate": 0, "cycle": 3, "arm": arm, "kind": "number", "correct": correct, "truncated": dropped}
+              for arm, correct, dropped in [("proxy", True, True), ("proxy", True, True), ("proxy", True, False),
+                                            ("tail", False, True), ("tail", True, True), ("tail", True, False),
+                                            ("full", True, True), ("full", True, True), ("full", True, False)]]
+    table = aggregate(probes)
+    assert table[3]["tail"]["overall"]["mean"] == pytest.approx(2 / 3)
+    assert table[3]["tail"]["truncated"] == {"mean": 0.5, "min": 0.5, "max": 0.5, "n": 2}
+    lines = recall_table(table, ["proxy", "full", "tail"])
+    assert "| dropped by truncation | 1.00 (n 2) | 1.00 (n 2) | 0.50 (n 2) |" in lines
+    assert any("proxy/tail 1.50" in line and "on facts dropped by truncation proxy/full 1.00; "
+               "on facts dropped by truncation proxy/tail 2.00" in line for line in lines)
 
 
 @dataclass
