@@ -38,6 +38,14 @@ def ratio(table: Mapping[str, Mapping[str, Stat]], over: str, kind: str = "overa
     return proxy["mean"] / other["mean"]
 
 
+def _compared(table: Mapping[str, Mapping[str, Stat]], over: str, kind: str) -> str:
+    """proxy/over as a ratio, or both recalls when `over` scored 0 (a ratio would be infinite)."""
+    value = ratio(table, over, kind)
+    if value is not None:
+        return f"proxy/{over} {value:.2f}"
+    return f"proxy {table['proxy'][kind]['mean']:.2f} vs {over} {table[over][kind]['mean']:.2f}"
+
+
 def cell(stat: Stat | None) -> str:
     if stat is None:
         return "-"
@@ -57,8 +65,8 @@ def recall_table(table: dict[int, dict[str, dict[str, Stat]]], arms: Sequence[st
                 label = "dropped by truncation" if kind == "truncated" else kind
                 lines.append(f"| {label} | " + " | ".join(cell(by_arm.get(arm, {}).get(kind)) for arm in arms) + " |")
         ratios = [f"proxy/{over} {value:.2f}" for over in ("full", "tail") if (value := ratio(by_arm, over))]
-        ratios += [f"on facts dropped by truncation proxy/{over} {value:.2f}" for over in ("full", "tail")
-                   if (value := ratio(by_arm, over, "truncated"))]
+        ratios += [f"on facts dropped by truncation {_compared(by_arm, over, 'truncated')}" for over in ("full", "tail")
+                   if "truncated" in by_arm.get("proxy", {}) and "truncated" in by_arm.get(over, {})]
         lines.append(f"\n{'; '.join(ratios) or 'no ratios (an arm is missing or scored 0)'}")
     return lines
 

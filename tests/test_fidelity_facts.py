@@ -106,6 +106,10 @@ def test_the_report_compares_the_arms_on_the_facts_truncation_dropped() -> None:
     assert "| dropped by truncation | 1.00 (n 2) | 1.00 (n 2) | 0.50 (n 2) |" in lines
     assert any("proxy/tail 1.50" in line and "on facts dropped by truncation proxy/full 1.00; "
                "on facts dropped by truncation proxy/tail 2.00" in line for line in lines)
+    lost = [{**probe, "correct": False} if probe["arm"] == "tail" and probe["truncated"] else probe
+            for probe in probes]
+    assert any(line.endswith("on facts dropped by truncation proxy 1.00 vs tail 0.00")
+               for line in recall_table(aggregate(lost), ["proxy", "full", "tail"]))
 
 
 @dataclass
