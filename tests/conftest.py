@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import tiktoken
+import tiktoken.load
 from aiohttp import web
 
 from proxy.app import RunningServer, start_server
 from proxy.config import Settings, settings_from_mapping
+from proxy.encodings import BUNDLED_ENCODING, clear_encoding_cache
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
 
 ProxyFactory = Callable[..., Awaitable[RunningServer]]
@@ -63,3 +67,27 @@ async def make_proxy(fake: FakeUpstream) -> AsyncIterator[ProxyFactory]:
 @pytest.fixture
 async def proxy(make_proxy: ProxyFactory) -> RunningServer:
     return await make_proxy()
+
+
+@pytest.fixture()
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """An empty tiktoken cache for the test, with any network read turned into a failure."""
+    cache_dir = tmp_path / "tiktoken-cache"
+    cache_dir.mkdir()
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache_dir))
+    real_read_file = tiktoken.load.read_file
+
+    def local_reads_only(blobpath: str) -> bytes:
+        if "://" in blobpath:
+            raise AssertionError(f"network read attempted: {blobpath}")
+        return real_read_file(blobpath)
+
+    monkeypatch.setattr(tiktoken.load, "read_file", local_reads_only)
+    clear_encoding_cache()
+    yield cache_dir
+    clear_encoding_cache()
+
+
+@pytest.fixture()
+def bundled() -> tiktoken.Encoding:
+    return tiktoken.get_encoding(BUNDLED_ENCODING)

