@@ -4,8 +4,7 @@ removal ladder on overflow, then chunk-and-merge."""
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType
@@ -13,8 +12,9 @@ from typing import Any, Protocol, TypeVar
 
 from proxy import budget
 from proxy.elision import elide_text
-from proxy.messages import Message, content_text, is_tool_result, is_user, with_text
+from proxy.messages import Message, content_text, is_user, with_text
 from proxy.offload import off_loop_if_large
+from proxy.result_removal import removal_ladder
 from proxy.summary import StructuredSummary, summary_text
 from proxy.templates import Templates, default_templates
 from proxy.tokens import TokenCounter
@@ -23,10 +23,6 @@ from proxy.transcript import format_message_for_compacting, format_transcript
 Item = TypeVar("Item")
 
 NO_CALL_LIMIT = 0  # the library default; the proxy passes `compaction.summarizer.max_calls`
-REMOVAL_LADDER = (10, 20, 50, 100)  # percent of the tool results left out, rung by rung
-# The call that produced a removed result stays in the transcript: its arguments (paths, commands) are short
-# and tell what was attempted, and the marker keeps the model from reading the gap as an empty result.
-REMOVED_TOOL_RESULT = "[tool result left out to fit the summariser's context window]"
 MAX_SPLIT_DEPTH = 8  # halvings of one stretch of history: at most 2**8 parts before giving up
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 PARTS_SEPARATOR = "\n\n"  # between partial summaries that could not be merged into one
@@ -116,38 +112,6 @@ async def summarize(model: ChatModel, messages: Sequence[Any], templates: Templa
     text = summary_text(reply, run.templates)
     return Summary(message={"role": "user", "content": text}, usage=dict(run.usage), calls=run.calls,
                    structured=StructuredSummary.parse(reply), text=text, strategy=strategy)
-
-
-def middle_out_order(count: int) -> list[int]:
-    """Indices 0..count-1 from the centre outward: centre, one right, one left, two right, two left, ..."""
-    centre = (count - 1) // 2
-    order = [centre] if count else []
-    for step in range(1, count):
-        order.extend(index for index in (centre + step, centre - step) if 0 <= index < count)
-    return order
-
-
-def removal_ladder(history: list[Message]) -> Iterator[tuple[str, list[Message]]]:
-    """The history as sent at each rung: whole, then with more and more tool results left out.
-
-    A rung that would leave out no more results than the one before is skipped: it would resend the same request.
-    """
-    yield "direct", history
-    positions = [index for index, message in enumerate(history) if is_tool_result(message)]
-    order = middle_out_order(len(positions))
-    removed = 0
-    for percent in REMOVAL_LADDER:
-        count = math.ceil(len(positions) * percent / 100)  # at least one on every non-zero rung
-        if count <= removed:
-            continue
-        removed = count
-        dropped = {positions[rank] for rank in order[:count]}
-        yield (f"removed_tool_results_{percent}",
-               [_without_result(message) if index in dropped else message for index, message in enumerate(history)])
-
-
-def _without_result(message: Message) -> Message:
-    return {**message, "content": REMOVED_TOOL_RESULT}
 
 
 @cache

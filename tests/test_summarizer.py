@@ -1,4 +1,4 @@
-"""Tests for the summariser: request shape, removal ladder, chunk-and-merge, rejected replies, usage, concurrency."""
+"""The summariser: request shape, the ladder on overflow, chunk-and-merge, rejected replies, usage, concurrency."""
 
 from __future__ import annotations
 
@@ -11,16 +11,14 @@ from typing import Any
 
 import pytest
 
+from proxy.result_removal import REMOVED_TOOL_RESULT, removal_ladder
 from proxy.summarizer import (
     MAX_SPLIT_DEPTH,
-    REMOVED_TOOL_RESULT,
     ConversationPrefix,
     SummarizerError,
     SummarizerOverflow,
     Summary,
     SummaryTruncated,
-    middle_out_order,
-    removal_ladder,
     summarize,
 )
 from proxy.templates import Templates
@@ -135,55 +133,6 @@ def tool_history(results: int = 10, result_size: int = 2000, user_padding: int =
             {"role": "tool", "tool_call_id": f"call_{index}", "content": f"FACT-r{index} " + "x" * result_size},
         ]
     return history
-
-
-# --- the removal order and the ladder (pure) ---------------------------------------------------------------
-
-@pytest.mark.parametrize(
-    ("count", "expected"),
-    [(0, []), (1, [0]), (2, [0, 1]), (3, [1, 2, 0]), (5, [2, 3, 1, 4, 0]), (10, [4, 5, 3, 6, 2, 7, 1, 8, 0, 9])],
-)
-def test_middle_out_order(count: int, expected: list[int]) -> None:
-    assert middle_out_order(count) == expected
-
-
-@pytest.mark.parametrize("count", range(40))
-def test_middle_out_order_is_a_permutation(count: int) -> None:
-    assert sorted(middle_out_order(count)) == list(range(count))
-
-
-def removed_results(history: list[Message]) -> set[int]:
-    return {int(message["tool_call_id"].removeprefix("call_")) for message in history
-            if message["role"] == "tool" and message["content"] == REMOVED_TOOL_RESULT}
-
-
-@pytest.mark.parametrize(
-    ("results", "expected"),
-    [
-        (0, [("direct", set())]),
-        (1, [("direct", set()), ("removed_tool_results_10", {0})]),
-        (3, [("direct", set()), ("removed_tool_results_10", {1}), ("removed_tool_results_50", {1, 2}),
-             ("removed_tool_results_100", {0, 1, 2})]),
-        (10, [("direct", set()), ("removed_tool_results_10", {4}), ("removed_tool_results_20", {4, 5}),
-              ("removed_tool_results_50", {2, 3, 4, 5, 6}), ("removed_tool_results_100", set(range(10)))]),
-    ],
-)
-def test_removal_ladder_rungs(results: int, expected: list[tuple[str, set[int]]]) -> None:
-    history = tool_history(results, result_size=5) + chat(2)
-    rungs = list(removal_ladder(history))
-    assert [(strategy, removed_results(attempt)) for strategy, attempt in rungs] == expected
-    for _, attempt in rungs:
-        assert len(attempt) == len(history)
-        # Only tool results change; calls, ids and every other message stay exactly as they were.
-        assert [m for m in attempt if m["role"] != "tool"] == [m for m in history if m["role"] != "tool"]
-        assert [m["tool_call_id"] for m in attempt if m["role"] == "tool"] == [f"call_{i}" for i in range(results)]
-
-
-def test_removal_ladder_leaves_the_input_untouched() -> None:
-    history = tool_history(4, result_size=5)
-    snapshot = json.dumps(history)
-    list(removal_ladder(history))
-    assert json.dumps(history) == snapshot
 
 
 # --- the request ------------------------------------------------------------------------------------------
