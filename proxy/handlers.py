@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
 from proxy.answer import Answer
@@ -11,7 +9,7 @@ from proxy.appkeys import METRICS, RUNTIME
 from proxy.chat_request import ChatCall
 from proxy.log_filters import mask_url
 from proxy.metrics import CONTENT_TYPE
-from proxy.offload import LARGE_JSON
+from proxy.offload import LARGE_JSON, off_loop_above
 from proxy.relay import deliver
 from proxy.request_body import read_body
 from proxy.runtime import pinned
@@ -37,8 +35,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
     # Parsing (and bounding) a history of many megabytes is CPU work: off the loop when it is that large.
     query = request.raw_path.partition("?")[2]
-    call = (ChatCall.parse(body, request.headers, query) if len(body) <= LARGE_JSON else
-            await asyncio.to_thread(ChatCall.parse, body, request.headers, query))
+    call = await off_loop_above(LARGE_JSON, len(body), ChatCall.parse, body, request.headers, query)
     async with pinned(request).pipeline.answer(call) as answer:
         return await deliver(request, answer)
 

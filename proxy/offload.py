@@ -17,8 +17,13 @@ LARGE = 256 * 1024
 LARGE_JSON = 4 * 1024 * 1024
 
 
-async def off_loop_if_large(size: int, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run `work` in a thread when `size` says it is large, else right here."""
-    if size <= LARGE:
+async def off_loop_above(limit: int, size: int, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run `work` in a thread when `size` passes `limit`, else right here."""
+    if size <= limit:
         return work(*args, **kwargs)
     return await asyncio.to_thread(work, *args, **kwargs)
+
+
+async def off_loop_if_large(size: int, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run `work` in a thread when `size` (characters of text to count or hash) passes LARGE, else right here."""
+    return await off_loop_above(LARGE, size, work, *args, **kwargs)
