@@ -30,6 +30,9 @@ MAX_ERROR_LINES = 3     # per tool result: the failing test, the error, the tall
 MAX_LINE_CHARS = 240    # one quoted line of output
 MAX_VALUE_CHARS = 80    # one argument of a file action
 MAX_USER_CHARS = 1200   # one user message: past this its middle goes
+# An assistant message without tool calls reports to the user ("Found it: the bug is in …"); a short one is kept
+# whole, a longer one (an essay, an answer to a question) is left to the model's summary.
+MAX_CONCLUSION_CHARS = 600
 ELLIPSIS = " […] "
 MIN_ITEM_TOKENS = 8     # no entry is smaller: below this the room is spent
 # A line of settings as config files and `env` print them (`LEDGER_PORT=5432`, `timeout = 30`, `port: 8080`).
@@ -58,18 +61,22 @@ class Evidence:
 
     user_messages: tuple[str, ...] = ()
     actions: tuple[Action, ...] = ()
+    conclusions: tuple[str, ...] = ()  # what the assistant told the user between tool rounds
 
 
 def gather(messages: Sequence[Message], kept: Iterable[Message] = ()) -> Evidence:
-    """The evidence in `messages` (the client's own, as summarised); user messages in `kept` stay verbatim anyway."""
-    staying = [message for message in kept if is_user(message)]
+    """The evidence in `messages` (the client's own, as summarised); messages in `kept` stay verbatim anyway."""
+    staying = list(kept)
     users = tuple(_shortened(text, MAX_USER_CHARS) for message in messages
                   if is_user(message) and message not in staying and (text := content_text(message.get("content"))))
+    conclusions = tuple(text for message in messages
+                        if role(message) == "assistant" and not message.get("tool_calls") and message not in staying
+                        and 0 < len(text := content_text(message.get("content")).strip()) <= MAX_CONCLUSION_CHARS)
     results = {message.get("tool_call_id"): content_text(message.get("content")) for message in messages
                if role(message) == "tool"}
     actions = tuple(action for message in messages if role(message) == "assistant"
                     for call in message.get("tool_calls") or () if (action := _action(call, results)) is not None)
-    return Evidence(users, actions)
+    return Evidence(users, actions, conclusions)
 
 
 def _action(call: Any, results: dict[Any, str]) -> Action | None:
@@ -177,8 +184,8 @@ class _Item:
 
 
 def _items(evidence: Evidence) -> Iterator[_Item]:
-    """Candidates most important first: the user's words, errors, settings read, files changed, commands, files
-    read."""
+    """Candidates most important first: the user's words, errors, settings read, files changed, what the assistant
+    concluded, commands, files read."""
     for text in reversed(evidence.user_messages):
         yield _Item("user_messages", text)
     newest = list(reversed(evidence.actions))
@@ -191,6 +198,8 @@ def _items(evidence: Evidence) -> Iterator[_Item]:
             yield _settings_item(action, newest)
             done.add(key)
     yield from _file_items(newest, writes=True, done=done)
+    for text in reversed(evidence.conclusions):
+        yield _Item("problem_solving", text)
     for action in newest:
         if action.command and not action.errors and action.command not in done and action.label not in done:
             done.add(action.command)

@@ -181,6 +181,34 @@ def test_settings_a_summary_already_quotes_or_a_command_printed() -> None:
     assert again == 0
 
 
+FINDING = "Found it: the rounding bug is in src/payments/ledger_283f.py (it rounds before summing)."
+
+
+@pytest.mark.parametrize(("message", "kept", "expected"), [
+    pytest.param({"role": "assistant", "content": FINDING}, False, (FINDING,), id="a short report to the user"),
+    pytest.param({"role": "assistant", "content": [{"type": "text", "text": FINDING}]}, False, (FINDING,),
+                 id="as content parts"),
+    pytest.param({**call("c", "read_file", {"path": "a.py"}), "content": "Reading a.py."}, False, (),
+                 id="narration of a tool call"),
+    pytest.param({"role": "assistant", "content": "An answer. " * 60}, False, (), id="a long answer"),
+    pytest.param({"role": "assistant", "content": "  "}, False, (), id="blank"),
+    pytest.param({"role": "assistant", "content": None}, False, (), id="no content"),
+    pytest.param({"role": "assistant", "content": FINDING}, True, (), id="kept verbatim"),
+    pytest.param({"role": "user", "content": FINDING}, False, (), id="the user's words are user messages"),
+])
+def test_gather_conclusions(message: dict[str, Any], kept: bool, expected: tuple[str, ...]) -> None:
+    assert gather([message], [message] if kept else []).conclusions == expected
+
+
+def test_conclusions_rank_after_the_files_changed_and_before_the_commands() -> None:
+    history = [*HISTORY[:-1], {"role": "assistant", "content": FINDING}, HISTORY[-1]]
+    merged, _ = complete(None, "", gather(history), 1000, COUNTER.count_text)
+    assert merged.problem_solving == (FINDING, "ran `git status`")
+    # With room for the user's words, the error, the file changed and one more: the finding, not the command.
+    tight, _ = complete(None, "", gather(history), 150, COUNTER.count_text)
+    assert tight.problem_solving == (FINDING,) and len(tight.files) == 1
+
+
 def reference_error_lines(output: str) -> list[str]:
     """Every line matched by the pattern, the slow way."""
     return [line.strip() for line in output.split("\n") if ERROR_WORD.search(line)][:3]
@@ -200,6 +228,7 @@ messages = st.lists(st.one_of(
     st.builds(lambda i, name, command: call(f"c{i}", name, {"command": command}),
               st.integers(0, 5), st.sampled_from(["run", "edit_file", "read"]), texts),
     st.builds(lambda i, path: call(f"c{i}", "read_file", {"path": path}), st.integers(0, 5), texts),
+    st.builds(lambda text: {"role": "assistant", "content": text}, texts),
     st.builds(lambda i, text: result(f"c{i}", text), st.integers(0, 5), texts),
     st.builds(lambda i, lines: result(f"c{i}", "\n".join(lines)), st.integers(0, 5),
               st.lists(st.from_regex(r"[a-zA-Z_]{1,6}(=|: )[0-9a-z]{1,5}", fullmatch=True), max_size=4))),
@@ -219,4 +248,4 @@ def test_property_evidence_stays_in_its_room_and_keeps_the_summary(history: list
     assert merged.files[0].path == "a.py" and (merged.files[0].summary or "").startswith("note")
     assert added <= len(extra) + 1
     rendered = normalised(merged.render())
-    assert all(normalised(text) in rendered for text in merged.user_messages)
+    assert all(normalised(text) in rendered for text in (*merged.user_messages, *merged.problem_solving))
