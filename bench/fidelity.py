@@ -20,6 +20,7 @@ from typing import Any
 import openai
 
 from bench.fidelity_arms import (
+    EarlierControls,
     NaiveSummary,
     TimedRecorder,
     probe_record,
@@ -69,6 +70,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "'{\"compaction\": {\"tail_budget\": 0.05}}'")
     parser.add_argument("--json", type=Path, help="write every measurement here")
     parser.add_argument("--seed", type=int, default=1, help="first replicate's seed; replicate r uses seed + r")
+    parser.add_argument("--controls-from", type=Path, metavar="JSON",
+                        help="an earlier --json run of the same model, window and cycles: its control-arm answers "
+                             "are reused wherever this run compacts at the same point (a proxy change then costs "
+                             "only the proxy arm)")
     options = parser.parse_args(argv)
     options.arms = [arm.strip() for arm in options.arms.split(",") if arm.strip()]
     if unknown := set(options.arms) - set(ARMS):
@@ -126,8 +131,10 @@ def client(base_url: str) -> openai.AsyncOpenAI:
 class Replicate:
     """One seeded conversation through the proxy and the control arms, with everything measured."""
 
-    def __init__(self, options: argparse.Namespace, model: str, seed: int, recorder: TimedRecorder) -> None:
-        self.options, self.model, self.seed, self.recorder = options, model, seed, recorder
+    def __init__(self, options: argparse.Namespace, model: str, seed: int, recorder: TimedRecorder,
+                 earlier: EarlierControls | None = None) -> None:
+        self.options, self.model, self.seed, self.recorder, self.earlier = options, model, seed, recorder, earlier
+        self.points: dict[int, int] = {}  # cycle -> the message after which its compaction was made
         self.conversation: Conversation = generate(seed, options.window, options.cycles)
         self.counter = TokenCounter()
         self.naive = NaiveSummary()
@@ -181,8 +188,14 @@ class Replicate:
         longest = max((probe_message(fact) for fact in facts), key=lambda m: len(m["content"]))
         budget = tail_budget(self.options.window, longest, self.counter, PROBE_MAX_TOKENS)
         tail = tail_of(history, budget, self.counter)
+        self.points[cycle] = len(history) - 1
         for arm in self.options.arms:
             started = time.monotonic()
+            if arm != "proxy" and self.earlier and (reused := self.earlier.reusable(
+                    self.seed, cycle, arm, len(history) - 1, self.points)):
+                self.probes += reused
+                print(f"    {arm:5s}: {sum(p['correct'] for p in reused)}/{len(reused)} (reused)", flush=True)
+                continue
             if arm == "naive":
                 await self.naive.update(direct, self.model, history, len(history) - 1 - len(tail))
             for fact in facts:
@@ -210,14 +223,14 @@ class Replicate:
 
 
 async def run_replicate(options: argparse.Namespace, upstream: str, model: str, log_path: Path | None,
-                        seed: int) -> dict[str, Any]:
+                        seed: int, earlier: EarlierControls | None = None) -> dict[str, Any]:
     recorder = TimedRecorder(upstream, log_path, read_timeout=CLIENT_TIMEOUT)
     started = time.monotonic()
     async with recorder.serving() as relay:
         proxy = await start_server(settings_from_mapping(proxy_config(relay, options), env={}), host="127.0.0.1",
                                    port=0)
         try:
-            replicate = Replicate(options, model, seed, recorder)
+            replicate = Replicate(options, model, seed, recorder, earlier)
             await replicate.run(client(f"{proxy.url}/v1"), client(relay))
         finally:
             await proxy.stop()
@@ -232,7 +245,8 @@ def header(options: argparse.Namespace, model: str) -> dict[str, Any]:
             "window": options.window, "layout": options.layout or "(proxy default)",
             "proxy_config": options.proxy_config, "cycles": options.cycles,
             "replicates": options.replicates, "arms": options.arms, "seeds": [options.seed + r for r in
-                                                                               range(options.replicates)]}
+                                                                               range(options.replicates)],
+            "controls_from": str(options.controls_from) if options.controls_from else None}
 
 
 def report(head: dict[str, Any], replicates: list[dict[str, Any]]) -> list[str]:
@@ -250,6 +264,10 @@ def report(head: dict[str, Any], replicates: list[dict[str, Any]]) -> list[str]:
               f"failed summaries (x-compaction: failed with summariser calls): "
               f"{sum(len(r['failed_summaries']) for r in replicates)}",
               "seconds per replicate: " + ", ".join(f"{r['seconds']:.0f}" for r in replicates)]
+    if head.get("controls_from"):
+        controls = [p for p in probes if p["arm"] != "proxy"]
+        lines.append(f"control-arm probes reused from {head['controls_from']} (same seed and point): "
+                     f"{sum(bool(p.get('reused')) for p in controls)} of {len(controls)}")
     return lines
 
 
@@ -269,10 +287,13 @@ def main(argv: list[str] | None = None) -> int:
             upstream, model, log_path = server.url, options.model, server.log_path
             print(f"model server {server.url} (pid {server.process.pid}, log {log_path})", flush=True)
         head = header(options, model)
+        earlier = EarlierControls.load(options.controls_from, model, options.window, options.cycles) \
+            if options.controls_from else None
         replicates = []
         for index in range(options.replicates):
             print(f"replicate {index + 1}/{options.replicates} (seed {options.seed + index})", flush=True)
-            replicates.append(asyncio.run(run_replicate(options, upstream, model, log_path, options.seed + index)))
+            replicates.append(asyncio.run(run_replicate(options, upstream, model, log_path, options.seed + index,
+                                                        earlier)))
             if options.json:  # after every replicate: a long run stopped early keeps what it measured
                 write_json(options.json, {**head, "replicates": len(replicates)}, replicates)
     print("\n".join(report(head, replicates)))

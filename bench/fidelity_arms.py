@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,3 +127,42 @@ def summary_record(conversation: Conversation, point: int, facts: Sequence[Fact]
 def probe_record(fact: Fact, arm: str, answer: Answer, grading: dict[str, bool], **extra: Any) -> dict[str, Any]:
     return {"arm": arm, "key": fact.key, "kind": fact.kind, "value": fact.value, "answer": answer.content,
             "compaction": answer.compaction, "seconds": round(answer.seconds, 2), **grading, **extra}
+
+
+Controls = dict[tuple[int, int, str], list[dict[str, Any]]]  # (seed, cycle, arm) -> its probes
+
+
+@dataclass(frozen=True)
+class EarlierControls:
+    """Control-arm probes of an earlier run, to reuse where this run probes the same seed at the same point.
+
+    A control arm's answers depend only on the model, the conversation and the point it is probed at (greedy,
+    seeded), not on the proxy: a run that changes the proxy needs to ask them again only where its compactions
+    happen at other points.
+    """
+
+    probes: Controls
+    points: dict[tuple[int, int], int]  # (seed, cycle) -> the message after which that compaction was made
+
+    @classmethod
+    def load(cls, path: Path, model: str, window: int, cycles: int) -> EarlierControls:
+        data = json.loads(path.read_text())
+        header = data["header"]
+        if (header["model"], header["window"], header["cycles"]) != (model, window, cycles):
+            raise ValueError(f"{path} measured {header['model']} at window {header['window']} over "
+                             f"{header['cycles']} cycles, not {model} at {window} over {cycles}")
+        probes: Controls = {}
+        for replicate in data["replicates"]:
+            for probe in replicate["probes"]:
+                if probe["arm"] != "proxy":
+                    probes.setdefault((probe["replicate"], probe["cycle"], probe["arm"]), []).append(probe)
+        points = {(replicate["seed"], summary["cycle"]): summary["point"] for replicate in data["replicates"]
+                  for summary in replicate["summaries"]}
+        return cls(probes, points)
+
+    def reusable(self, seed: int, cycle: int, arm: str, point: int, points: dict[int, int]) -> list[dict[str, Any]]:
+        """The earlier probes of `arm`, or none when a compaction up to this one was made at another point (the
+        naive arm's summary carries over from cycle to cycle, so every earlier point must match for it)."""
+        cycles = range(1, cycle + 1) if arm == "naive" else (cycle,)
+        same = all(self.points.get((seed, c)) == (point if c == cycle else points.get(c)) for c in cycles)
+        return [{**probe, "reused": True} for probe in self.probes.get((seed, cycle, arm), [])] if same else []

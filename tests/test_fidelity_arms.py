@@ -1,0 +1,67 @@
+"""bench.fidelity_arms: the tail a truncating client keeps, and reusing an earlier run's control arms."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.fidelity_arms import EarlierControls, tail_of
+from proxy.tokens import TokenCounter
+
+
+def earlier_run(tmp_path: Path, model: str = "qwen-1.5b", window: int = 3072, cycles: int = 3) -> Path:
+    probes = [{"arm": arm, "replicate": 1, "cycle": cycle, "key": key, "correct": True}
+              for arm in ("proxy", "full", "naive") for cycle in (1, 2) for key in ("path", "port")]
+    data = {"header": {"model": model, "window": window, "cycles": cycles},
+            "replicates": [{"seed": 1, "probes": probes,
+                            "summaries": [{"cycle": 1, "point": 40}, {"cycle": 2, "point": 64}]}]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(("arm", "cycle", "point", "points", "reused"), [
+    pytest.param("full", 1, 40, {}, 2, id="same seed and point"),
+    pytest.param("full", 2, 64, {1: 41}, 2, id="full history: only this point matters"),
+    pytest.param("full", 2, 66, {1: 40}, 0, id="compacted at another point"),
+    pytest.param("naive", 2, 64, {1: 40}, 2, id="naive: every point so far matches"),
+    pytest.param("naive", 2, 64, {1: 41}, 0, id="naive: an earlier point differs, its summary would too"),
+    pytest.param("tail", 1, 40, {}, 0, id="an arm the earlier run did not measure"),
+    pytest.param("full", 3, 88, {1: 40, 2: 64}, 0, id="a cycle the earlier run did not reach"),
+])
+def test_control_probes_are_reused_only_at_the_same_points(tmp_path: Path, arm: str, cycle: int, point: int,
+                                                           points: dict[int, int], reused: int) -> None:
+    earlier = EarlierControls.load(earlier_run(tmp_path), "qwen-1.5b", 3072, 3)
+    probes = earlier.reusable(1, cycle, arm, point, {**points, cycle: point})
+    assert len(probes) == reused
+    assert all(probe["reused"] and probe["arm"] == arm and probe["cycle"] == cycle for probe in probes)
+    assert earlier.reusable(2, cycle, arm, point, {**points, cycle: point}) == [], "another seed"
+
+
+def test_the_proxy_arm_is_never_reused(tmp_path: Path) -> None:
+    earlier = EarlierControls.load(earlier_run(tmp_path), "qwen-1.5b", 3072, 3)
+    assert earlier.reusable(1, 1, "proxy", 40, {1: 40}) == []
+
+
+@pytest.mark.parametrize(("model", "window", "cycles"), [("qwen-0.5b", 3072, 3), ("qwen-1.5b", 2048, 3),
+                                                         ("qwen-1.5b", 3072, 2)])
+def test_an_earlier_run_of_another_setup_is_refused(tmp_path: Path, model: str, window: int, cycles: int) -> None:
+    with pytest.raises(ValueError, match=r"measured qwen-1\.5b at window 3072 over 3 cycles"):
+        EarlierControls.load(earlier_run(tmp_path), model, window, cycles)
+
+
+def test_the_tail_never_opens_on_a_tool_result() -> None:
+    history: list[dict[str, Any]] = [{"role": "system", "content": "rules"}]
+    for index in range(20):
+        history += [{"role": "assistant", "content": None, "tool_calls": [
+                        {"id": f"c{index}", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+                    {"role": "tool", "tool_call_id": f"c{index}", "content": "output " * 20}]
+    counter = TokenCounter()
+    for budget in range(40, 400, 7):
+        tail = tail_of(history, budget, counter)
+        assert not tail or tail[0]["role"] == "assistant"
+        assert counter.count_messages([history[0], *tail]) <= budget
+        assert tail == history[len(history) - len(tail):]
