@@ -259,8 +259,12 @@ class Compactor:
                                            (*job.plan.head, *job.plan.kept_users))
         count = self._counter.count_text
         # What the plan allots the summary, less what the model wrote; at least a third of it whatever the
-        # model wrote (the window check after this still holds).
-        room = max(job.summary_tokens - count(summary.text), job.summary_tokens // 3)
+        # model wrote; and never more than the window leaves beside the summary as written and the recent turns
+        # (evidence must not be what pushes the retried request past the window).
+        _, tokens_as_written = self._replacement(job, summary)
+        spare = job.limits.window - budget.window_margin(job.limits.window) - job.limits.reserve \
+            - tokens_as_written - job.plan.tail_tokens
+        room = min(max(job.summary_tokens - count(summary.text), job.summary_tokens // 3), spare)
         structured, added = complete(summary.structured, summary.text, evidence, room, count)
         if not added:
             return summary

@@ -493,3 +493,45 @@ async def test_evidence_follows_a_reply_that_did_not_parse_which_stays_verbatim(
     summary = model.chat_calls[-1].body["messages"][1]["content"]
     assert summary.startswith("The user keeps a list of facts, FACT-0 onwards.\n\n# Conversation Summary")
     assert "E   ShardError: checksum mismatch in shard 77" in summary
+
+
+async def compacted_with(reply: str, evidence: bool, model: WindowedModel, fake: FakeUpstream,
+                         make_proxy: ProxyFactory) -> tuple[str, list[int]]:
+    """x-compaction of one proactive turn whose summariser replies `reply`, and the chat calls' prompt tokens."""
+    model.received.clear()
+    proxy = await make_proxy(compaction_config(background=False, summarizer={"evidence": evidence}))
+    client = async_client(proxy.url)
+    fake.chat_hook = model
+    await calibrated(client, model)
+    fake.chat_hook = summariser_replying(model, reply)
+    try:
+        raw = await client.chat.completions.with_raw_response.create(model="fake-small",
+                                                                     messages=history_with_a_failing_command(20))
+        outcome = raw.headers["x-compaction"]
+    except openai.BadRequestError as error:
+        outcome = error.response.headers["x-compaction"]
+    return outcome, [call.prompt_tokens for call in model.chat_calls]
+
+
+async def test_evidence_never_pushes_a_compacted_request_past_the_window(
+        model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    # A raw reply (the summary as written) just short of what the window takes beside the recent turns: whatever
+    # fits without the evidence must fit with it, the evidence taking only what the window leaves.
+    async def outcome(words: int, evidence: bool) -> tuple[str, list[int]]:
+        return await compacted_with("FACT-0 " + "word " * words, evidence, model, fake, make_proxy)
+
+    # Too long a reply is elided to its allotment; one a little shorter fits alone but not with the recent turns
+    # (the retry overflows and the compaction fails). Below that band's lower edge is where evidence could tip it.
+    fits = [(await outcome(words, False))[0] == "proactive" for words in range(0, 8000, 400)]
+    assert fits[0] and False in fits
+    low, high = 400 * (fits.index(False) - 1), 400 * fits.index(False)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if (await outcome(middle, False))[0] == "proactive" else (low, middle)
+    for words in range(low, low - 200, -8):
+        with_evidence, prompts = await outcome(words, True)
+        assert with_evidence == "proactive", f"{words} words: fitted without the evidence, not with it"
+        assert all(tokens <= model.window for tokens in prompts)
+    quoted, _ = await outcome(low - 2000, True)
+    summary = next(m["content"] for m in model.chat_calls[-1].body["messages"] if "FACT-0 word" in str(m["content"]))
+    assert quoted == "proactive" and "checksum mismatch in shard 77" in summary, "with room, the evidence is added"
