@@ -156,6 +156,11 @@ def elision_cap(limits: Limits, other_tokens: int) -> int:
     return max(MIN_ELIDED_TOKENS, ceiling - limits.reserve - other_tokens)
 
 
+def window_room(limits: Limits, prompt_tokens: int) -> int:
+    """Tokens the window has left beside a prompt of `prompt_tokens`, its reserved output and the margin."""
+    return limits.window - window_margin(limits.window) - limits.reserve - prompt_tokens
+
+
 def fits_window(limits: Limits, prompt_tokens: int) -> bool:
     """Whether a request can be sent at all: prompt and reserved output within the window, with a margin."""
-    return prompt_tokens + limits.reserve <= limits.window - window_margin(limits.window)
+    return window_room(limits, prompt_tokens) >= 0

@@ -231,9 +231,10 @@ class Compactor:
         summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens),
                                   list(job.plan.to_summarise), self._templates, counter=self._counter,
                                   max_calls=config.max_calls, deadline=config.timeout, prefix=job.prefix)
-        if config.evidence:
-            summary = await self._with_evidence(job, summary)
         messages, tokens_after = self._replacement(job, summary)
+        if config.evidence and (completed := await self._with_evidence(job, summary, tokens_after)) is not summary:
+            summary = completed
+            messages, tokens_after = self._replacement(job, summary)
         if not budget.fits_window(job.limits, tokens_after):
             # Longer than asked (parts kept side by side, say): its middle goes, so the conversation goes on
             # rather than failing every turn from here; both ends, the oldest facts and the latest, stay.
@@ -252,7 +253,7 @@ class Compactor:
             raise too_long
         return summary, messages, tokens_after
 
-    async def _with_evidence(self, job: _Job, summary: Summary) -> Summary:
+    async def _with_evidence(self, job: _Job, summary: Summary, tokens_as_written: int) -> Summary:
         """The summary with the user's words, errors, commands and files it left out, read from the client's own
         messages (not the spliced history: a value an earlier summary dropped comes back)."""
         evidence = await off_loop_if_large(text_size(job.source), gather, job.source,
@@ -261,9 +262,7 @@ class Compactor:
         # What the plan allots the summary, less what the model wrote; at least a third of it whatever the
         # model wrote; and never more than the window leaves beside the summary as written and the recent turns
         # (evidence must not be what pushes the retried request past the window).
-        _, tokens_as_written = self._replacement(job, summary)
-        spare = job.limits.window - budget.window_margin(job.limits.window) - job.limits.reserve \
-            - tokens_as_written - job.plan.tail_tokens
+        spare = budget.window_room(job.limits, tokens_as_written + job.plan.tail_tokens)
         room = min(max(job.summary_tokens - count(summary.text), job.summary_tokens // 3), spare)
         structured, added = complete(summary.structured, summary.text, evidence, room, count)
         if not added:

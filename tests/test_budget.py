@@ -138,3 +138,13 @@ def test_a_plan_leaves_the_next_turn_within_the_target(rounds: list[tuple[str, i
     else:
         # No turn beyond the current round (and the latest user message, kept either way) was added.
         assert plan.head_tokens + plan.kept_user_tokens + plan.tail_tokens <= allotment.fixed
+
+
+@pytest.mark.parametrize(("window", "reserve", "prompt", "room"), [
+    # the window's margin is 67 tokens at 1,024 and 26 at 200
+    (1024, 48, 800, 1024 - 67 - 48 - 800), (1024, 48, 909, 0), (1024, 48, 910, -1), (200, 0, 100, 200 - 26 - 100),
+])
+def test_window_room_is_what_fits_window_leaves(window: int, reserve: int, prompt: int, room: int) -> None:
+    window_limits = limits(window, reserve=reserve)
+    assert budget.window_room(window_limits, prompt) == room
+    assert budget.fits_window(window_limits, prompt) is (room >= 0)
