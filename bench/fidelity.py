@@ -134,7 +134,6 @@ class Replicate:
     def __init__(self, options: argparse.Namespace, model: str, seed: int, recorder: TimedRecorder,
                  earlier: EarlierControls | None = None) -> None:
         self.options, self.model, self.seed, self.recorder, self.earlier = options, model, seed, recorder, earlier
-        self.points: dict[int, int] = {}  # cycle -> the message after which its compaction was made
         self.conversation: Conversation = generate(seed, options.window, options.cycles)
         self.counter = TokenCounter()
         self.naive = NaiveSummary()
@@ -188,11 +187,11 @@ class Replicate:
         longest = max((probe_message(fact) for fact in facts), key=lambda m: len(m["content"]))
         budget = tail_budget(self.options.window, longest, self.counter, PROBE_MAX_TOKENS)
         tail = tail_of(history, budget, self.counter)
-        self.points[cycle] = len(history) - 1
+        points = {summary["cycle"]: summary["point"] for summary in self.summaries}
         for arm in self.options.arms:
             started = time.monotonic()
             if arm != "proxy" and self.earlier and (reused := self.earlier.reusable(
-                    self.seed, cycle, arm, len(history) - 1, self.points)):
+                    self.seed, cycle, arm, len(history) - 1, points)):
                 self.probes += reused
                 print(f"    {arm:5s}: {sum(p['correct'] for p in reused)}/{len(reused)} (reused)", flush=True)
                 continue
