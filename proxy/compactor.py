@@ -197,6 +197,7 @@ class Compactor:
                    model=self._settings.compaction.summarizer.model or model, trigger=trigger, headers=headers,
                    summary_tokens=shrink(plan.summary_tokens, decision.level, MIN_RETRY_SUMMARY_TOKENS),
                    level=decision.level, prefix=self._prefix(conversation, plan, model, tools),
+                   ratio=self._calibration.ratio(model),
                    source=tuple(conversation.original[:prefix_len]))
         # The flight looks for a stored record first, and stores what _summarise returns (fenced, across replicas).
         return Flight(self._flights.start(conversation.namespace, prefix_hash, lambda: self._summarise(job)),
@@ -235,15 +236,17 @@ class Compactor:
         if config.evidence and (completed := await self._with_evidence(job, summary, tokens_after)) is not summary:
             summary = completed
             messages, tokens_after = self._replacement(job, summary)
-        if not budget.fits_window(job.limits, tokens_after):
-            # Longer than asked (parts kept side by side, say): its middle goes, so the conversation goes on
-            # rather than failing every turn from here; both ends, the oldest facts and the latest, stay.
+        if (not budget.fits_window(job.limits, job.upstream_tokens(tokens_after) + job.plan.tail_tokens)
+                and self._counter.count_text(summary.text) > job.summary_tokens):
+            # Longer than asked (parts kept side by side, say) and, beside the recent turns, past the window: its
+            # middle goes, so the conversation goes on rather than failing every turn from here; both ends, the
+            # oldest facts and the latest, stay. (The plan sized the ask to fit beside the recent turns.)
             shortened = elide_text(summary.text, job.summary_tokens, self._counter.count_text,
                                    self._templates.elision_marker)
             summary = replace(summary, message={**summary.message, "content": shortened}, text=shortened,
                               structured=None, strategy=f"{summary.strategy}_elided")
             messages, tokens_after = self._replacement(job, summary)
-        if not budget.fits_window(job.limits, tokens_after):
+        if not budget.fits_window(job.limits, job.upstream_tokens(tokens_after)):
             # What stays besides the summary leaves no room: stored, it would be spliced into every later turn
             # and summarised again; it is refused. (The tail is not counted: an oversized tool result in it is
             # elided after this.)
@@ -259,12 +262,17 @@ class Compactor:
         evidence = await off_loop_if_large(text_size(job.source), gather, job.source,
                                            (*job.plan.head, *job.plan.kept_users))
         count = self._counter.count_text
-        # What the plan allots the summary, less what the model wrote; at least a third of it whatever the
-        # model wrote; and never more than the window leaves beside the summary as written and the recent turns
-        # (evidence must not be what pushes the retried request past the window).
-        spare = budget.window_room(job.limits, tokens_as_written + job.plan.tail_tokens)
+        # What the plan allots the summary, less what the model wrote, or at least a third of it whatever the
+        # model wrote; for exact values also what the target leaves unused (the tail takes whole turns); and
+        # never more than the window leaves beside the summary as written and the recent turns (evidence must
+        # not be what pushes the retried request past the window). Context entries (files read, commands run)
+        # get no share of the unused room: the next summary's input would pay for them.
+        written = job.upstream_tokens(tokens_as_written)
+        spare = job.own_tokens(budget.window_room(job.limits, written + job.plan.tail_tokens))
         room = min(max(job.summary_tokens - count(summary.text), job.summary_tokens // 3), spare)
-        structured, added = complete(summary.structured, summary.text, evidence, room, count)
+        unused = min(job.own_tokens(job.plan.room_at_goal(written)), spare)
+        structured, added = complete(summary.structured, summary.text, evidence, room, count,
+                                     exact_room=unused - room)
         if not added:
             return summary
         if (rendered := rendered_text(structured, self._templates)) is None:
@@ -327,6 +335,14 @@ class _Job:
     level: int
     prefix: ConversationPrefix | None = None
     source: tuple[Message, ...] = ()  # the client's messages the summary stands in for
+    ratio: float = 1.0  # the upstream's tokens per token of ours (the calibration), as the plan was counted with
+
+    def upstream_tokens(self, tokens: int) -> int:
+        """`tokens` of our own count in the upstream's, the unit of the window and of the plan."""
+        return math.ceil(tokens * self.ratio)
+
+    def own_tokens(self, upstream_tokens: int) -> int:
+        return math.floor(upstream_tokens / self.ratio)
 
     def log_fields(self) -> dict[str, Any]:
         limits = self.limits

@@ -177,6 +177,7 @@ class _Item:
     text: str                       # the list entry, or a file's path
     details: tuple[str, ...] = ()   # a file's actions, oldest first
     code: str = ""                  # a file's settings, as read
+    exact: bool = True              # a value a summary must not lose (not context: conclusions, runs, reads)
 
     @property
     def detail(self) -> str:
@@ -199,11 +200,11 @@ def _items(evidence: Evidence) -> Iterator[_Item]:
             done.add(key)
     yield from _file_items(newest, writes=True, done=done)
     for text in reversed(evidence.conclusions):
-        yield _Item("problem_solving", text)
+        yield _Item("problem_solving", text, exact=False)
     for action in newest:
         if action.command and not action.errors and action.command not in done and action.label not in done:
             done.add(action.command)
-            yield _Item("problem_solving", f"ran `{action.command}`")
+            yield _Item("problem_solving", f"ran `{action.command}`", exact=False)
     yield from _file_items(newest, writes=False, done=done)
 
 
@@ -218,7 +219,7 @@ def _file_items(newest: Sequence[Action], *, writes: bool, done: set[str]) -> It
     paths = dict.fromkeys(action.path for action in newest
                           if action.path and action.writes == writes and action.path not in done)
     for path in paths:
-        yield _Item("files", str(path), _details(str(path), newest))
+        yield _Item("files", str(path), _details(str(path), newest), exact=writes)
 
 
 def _details(path: str, newest: Sequence[Action]) -> tuple[str, ...]:
@@ -234,8 +235,9 @@ def _missing(item: _Item, have: str) -> bool:
 
 
 def complete(summary: StructuredSummary | None, text: str, evidence: Evidence, room: int,
-             count: Callable[[str], int]) -> tuple[StructuredSummary, int]:
-    """`summary` (an empty one when the reply did not parse) with the evidence `text` lacks, within `room` tokens.
+             count: Callable[[str], int], *, exact_room: int = 0) -> tuple[StructuredSummary, int]:
+    """`summary` (an empty one when the reply did not parse) with the evidence `text` lacks, within `room` tokens,
+    and up to `exact_room` more for exact values (the user's words, errors, settings, files changed).
 
     Returns it and how many entries were added. Entries are whole or absent, most important first; one that
     does not fit is passed over for smaller ones after it.
@@ -243,14 +245,15 @@ def complete(summary: StructuredSummary | None, text: str, evidence: Evidence, r
     have = normalised(text)
     fields: dict[str, list[Any]] = {"user_messages": [], "errors_and_fixes": [], "problem_solving": [],
                                     "files": []}
-    added = 0
+    added = spent = 0
     for item in _items(evidence):
-        if room < MIN_ITEM_TOKENS:
-            break
+        limit = room + max(0, exact_room) if item.exact else room
+        if limit - spent < MIN_ITEM_TOKENS:
+            break  # exact values come first: past one whose limit is spent, every later limit is
         cost = count(item.text + item.detail + item.code) + (8 if item.code else 4)  # bullets, fences, breaks
-        if cost > room or not _missing(item, have):
+        if spent + cost > limit or not _missing(item, have):
             continue
-        room -= cost
+        spent += cost
         added += 1
         have += " " + normalised(f"{item.text} {item.detail} {item.code}")
         fields[item.field].append(FileNote(item.text, item.detail or None, item.code or None)

@@ -139,6 +139,7 @@ class Plan:
     tail_tokens: int
     allotment: Allotment
     summary_tokens: int  # the output the summariser is asked for
+    overhead: int = 0    # what the request costs besides its messages, as planned with
 
     @property
     def to_summarise(self) -> tuple[Message, ...]:
@@ -152,6 +153,14 @@ class Plan:
     def tokens_after(self, inserted_tokens: int) -> int:
         """The estimated prompt once the summary and the fillers (`inserted_tokens` together) are in."""
         return self.kept_tokens + inserted_tokens
+
+    def room_at_goal(self, replacement_tokens: int) -> int:
+        """Tokens the allotment's goal leaves once the replacement (`replacement_tokens`) and the tail are in.
+
+        The tail is extended by whole turns, so part of its share is often left over; an earlier user message
+        too long for its share leaves that share unused.
+        """
+        return self.allotment.goal - self.overhead - replacement_tokens - self.tail_tokens
 
     def worthwhile(self, filler_tokens: int) -> bool:
         """Whether the summary makes the request smaller at all; if not, the summariser is not called."""
@@ -286,10 +295,10 @@ def plan_compaction(messages: Sequence[Message], count: Count, limits: Limits, *
     allotment = budget.allot(limits, fixed=overhead + _fixed_tokens(messages, frame),
                              growth=budget.next_turn_growth(last_input, answer))
     cut = _extend_tail(messages, frame, allotment.tail_tokens)
-    return _build(messages, frame, cut, allotment)
+    return _build(messages, frame, cut, allotment, overhead)
 
 
-def _build(messages: Sequence[Message], frame: _Frame, cut: int, allotment: Allotment) -> Plan | None:
+def _build(messages: Sequence[Message], frame: _Frame, cut: int, allotment: Allotment, overhead: int) -> Plan | None:
     head_len, counts = frame.head_len, frame.counts
     span = tuple(messages[head_len:cut])
     if all(is_instruction(message) for message in span):
@@ -305,7 +314,7 @@ def _build(messages: Sequence[Message], frame: _Frame, cut: int, allotment: Allo
         head_tokens=sum(counts[:head_len]), span_tokens=span_tokens,
         kept_system_tokens=sum(counts[i] for i in system_at), kept_user_tokens=sum(counts[i] for i in users_at),
         tail_tokens=sum(counts[cut:]), allotment=allotment,
-        summary_tokens=budget.summary_ask(allotment, summarised))
+        summary_tokens=budget.summary_ask(allotment, summarised), overhead=overhead)
 
 
 def last_input_tokens(messages: Sequence[Message], counts: Sequence[int]) -> int:

@@ -513,25 +513,63 @@ async def compacted_with(reply: str, evidence: bool, model: WindowedModel, fake:
     return outcome, [call.prompt_tokens for call in model.chat_calls]
 
 
-async def test_evidence_never_pushes_a_compacted_request_past_the_window(
-        model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
-    # A raw reply (the summary as written) just short of what the window takes beside the recent turns: whatever
-    # fits without the evidence must fit with it, the evidence taking only what the window leaves.
-    async def outcome(words: int, evidence: bool) -> tuple[str, list[int]]:
-        return await compacted_with("FACT-0 " + "word " * words, evidence, model, fake, make_proxy)
+@pytest.mark.parametrize("evidence", [True, False], ids=["evidence", "no-evidence"])
+async def test_a_summary_of_any_length_leaves_a_compacted_request_inside_the_window(
+        evidence: bool, model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    # A reply far too long is elided; one a little shorter used to fit alone but not beside the recent turns, so
+    # the retry overflowed and the compaction failed, every turn. Whatever length the model writes, the compacted
+    # request must fit, and the evidence may take only what the window leaves.
+    for words in range(100, 8000, 100):
+        outcome, prompts = await compacted_with("FACT-0 " + "word " * words, evidence, model, fake, make_proxy)
+        assert outcome == "proactive", f"{words} words: {outcome}"
+        assert all(tokens <= model.window for tokens in prompts), f"{words} words: {prompts}"
+        summary = next(str(m["content"]) for m in model.chat_calls[-1].body["messages"]
+                       if "FACT-0" in str(m["content"]))
+        assert "FACT-0 word" in summary, f"{words} words: the summary's start is kept"
 
-    # Too long a reply is elided to its allotment; one a little shorter fits alone but not with the recent turns
-    # (the retry overflows and the compaction fails). Below that band's lower edge is where evidence could tip it.
-    fits = [(await outcome(words, False))[0] == "proactive" for words in range(0, 8000, 400)]
-    assert fits[0] and False in fits
-    low, high = 400 * (fits.index(False) - 1), 400 * fits.index(False)
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if (await outcome(middle, False))[0] == "proactive" else (low, middle)
-    for words in range(low, low - 200, -8):
-        with_evidence, prompts = await outcome(words, True)
-        assert with_evidence == "proactive", f"{words} words: fitted without the evidence, not with it"
-        assert all(tokens <= model.window for tokens in prompts)
-    quoted, _ = await outcome(low - 2000, True)
+
+async def test_with_room_the_evidence_is_added(model: WindowedModel, fake: FakeUpstream,
+                                               make_proxy: ProxyFactory) -> None:
+    quoted, _ = await compacted_with("FACT-0 " + "word " * 200, True, model, fake, make_proxy)
     summary = next(m["content"] for m in model.chat_calls[-1].body["messages"] if "FACT-0 word" in str(m["content"]))
-    assert quoted == "proactive" and "checksum mismatch in shard 77" in summary, "with room, the evidence is added"
+    assert quoted == "proactive" and "checksum mismatch in shard 77" in summary
+
+
+def failing_command(number: int) -> list[dict[str, Any]]:
+    arguments = json.dumps({"command": f"pytest -k shard_{number}"})
+    return [{"role": "assistant", "content": None,
+             "tool_calls": [{"id": f"call_{number}", "type": "function",
+                             "function": {"name": "run_command", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": f"call_{number}",
+             "content": f"collected 3 items\nE   ShardError: checksum mismatch in shard {number}"}]
+
+
+def file_read(number: int, words: int) -> list[dict[str, Any]]:
+    arguments = json.dumps({"path": f"src/module_{number}.py"})
+    return [{"role": "assistant", "content": None,
+             "tool_calls": [{"id": f"read_{number}", "type": "function",
+                             "function": {"name": "read_file", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": f"read_{number}",
+             "content": " ".join(f"line{number}x{n}" for n in range(words))}]
+
+
+async def test_the_evidence_fills_what_the_target_leaves_when_the_tail_cannot(
+        model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    # The recent turns are kept whole or not at all: here the turn before the last question is a file read too
+    # long for the tail's share, so that share goes unused, and forty failing commands need more than the
+    # summary's own allotment. What the target leaves takes them; the compacted request stays within the target.
+    proxy = await make_proxy(compaction_config(background=False))
+    client = async_client(proxy.url)
+    await calibrated(client, model)
+    fake.chat_hook = summariser_replying(model, "FACT-0 the tests fail in many shards.")
+    history = [SYSTEM, {"role": "user", "content": "Make the shard tests pass."},
+               *(message for number in range(100, 140) for message in failing_command(number)),
+               *(message for number in range(3) for message in file_read(number, 1000)),
+               {"role": "assistant", "content": "Read them all."}, {"role": "user", "content": "What now?"}]
+    raw = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
+    assert raw.headers["x-compaction"] == "proactive"
+    forwarded = model.chat_calls[-1]
+    summary = next(str(m["content"]) for m in forwarded.body["messages"] if "FACT-0" in str(m["content"]))
+    quoted = [number for number in range(100, 140) if f"checksum mismatch in shard {number}" in summary]
+    assert len(quoted) == 40, f"quoted {len(quoted)} of 40: {quoted}"
+    assert forwarded.prompt_tokens <= WINDOW * 0.5, "the compacted request lands within the target"

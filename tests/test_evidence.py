@@ -209,6 +209,17 @@ def test_conclusions_rank_after_the_files_changed_and_before_the_commands() -> N
     assert tight.problem_solving == (FINDING,) and len(tight.files) == 1
 
 
+def test_the_exact_room_takes_exact_values_only() -> None:
+    history = [*HISTORY[:-1], {"role": "assistant", "content": FINDING}, HISTORY[-1]]
+    evidence = gather(history)
+    both, _ = complete(None, "", evidence, 1000, COUNTER.count_text)
+    exact, _ = complete(None, "", evidence, 0, COUNTER.count_text, exact_room=1000)
+    assert exact.user_messages == both.user_messages and exact.errors_and_fixes == both.errors_and_fixes
+    assert [note.path for note in exact.files] == ["src/payments/ledger.py"], "the file changed, not only read"
+    assert both.problem_solving == (FINDING, "ran `git status`") and exact.problem_solving == ()
+    assert complete(None, "", evidence, 0, COUNTER.count_text, exact_room=-50) == (StructuredSummary(), 0)
+
+
 def reference_error_lines(output: str) -> list[str]:
     """Every line matched by the pattern, the slow way."""
     return [line.strip() for line in output.split("\n") if ERROR_WORD.search(line)][:3]
@@ -236,14 +247,15 @@ messages = st.lists(st.one_of(
 
 
 @settings(max_examples=300, deadline=None)
-@given(messages, st.integers(0, 400))
+@given(messages, st.integers(0, 400), st.integers(-100, 400))
 def test_property_evidence_stays_in_its_room_and_keeps_the_summary(history: list[dict[str, Any]],
-                                                                   room: int) -> None:
+                                                                   room: int, exact_room: int) -> None:
     summary = StructuredSummary(user_intent=("goal",), files=(FileNote("a.py", "note"),), errors_and_fixes=("e",))
-    merged, added = complete(summary, "goal a.py note e", gather(history), room, COUNTER.count_text)
+    merged, added = complete(summary, "goal a.py note e", gather(history), room, COUNTER.count_text,
+                             exact_room=exact_room)
     extra = [*merged.user_messages, *merged.errors_and_fixes[1:], *merged.problem_solving,
              *(f"{note.path}{note.summary or ''}{note.key_code or ''}" for note in merged.files[1:])]
-    assert sum(COUNTER.count_text(text) for text in extra) <= room
+    assert sum(COUNTER.count_text(text) for text in extra) <= room + max(0, exact_room)
     assert merged.user_intent == ("goal",) and merged.errors_and_fixes[0] == "e"
     assert merged.files[0].path == "a.py" and (merged.files[0].summary or "").startswith("note")
     assert added <= len(extra) + 1

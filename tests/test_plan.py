@@ -163,6 +163,29 @@ def test_the_plan_reserves_room_for_the_next_turn() -> None:
     assert plan.kept_tokens + plan.summary_tokens <= allotment.goal
 
 
+@pytest.mark.parametrize(
+    ("turn_tokens", "overhead", "unused_tail"),
+    [
+        (10, 0, 0),      # ten turns of 10 fill the tail's 200 exactly
+        (30, 0, 20),     # three exchanges of 60 take 180 of 200
+        (30, 50, 20),    # the request's overhead comes out of the goal, not out of what is left
+        (250, 0, 200),   # no turn fits: the tail's whole share is left
+    ],
+)
+def test_room_at_goal_is_the_summary_allotment_beyond_its_ask_plus_the_tail_left_unused(
+        turn_tokens: int, overhead: int, unused_tail: int) -> None:
+    messages = build("S " + "U A " * 30 + "U")
+
+    def count(message: Message) -> int:
+        return 10 if message is messages[0] or message is messages[-1] else turn_tokens
+
+    plan = plan_compaction(messages, count, limits(tail=200, window=2000), overhead=overhead)
+    assert plan is not None and plan.overhead == overhead and plan.kept_user_tokens == 0
+    replacement = plan.head_tokens + plan.summary_tokens  # the summary as long as asked, no fillers
+    assert plan.room_at_goal(replacement) == plan.allotment.summary_tokens - plan.summary_tokens + unused_tail
+    assert plan.room_at_goal(replacement + 7) == plan.room_at_goal(replacement) - 7
+
+
 def test_summariser_input_leaves_out_kept_system_messages() -> None:
     messages = build("S U A D U A U")
     plan = plan_compaction(messages, ten_each, limits())
