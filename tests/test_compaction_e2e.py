@@ -452,14 +452,18 @@ async def test_a_summary_longer_than_the_window_allows_loses_its_middle_and_the_
     assert second.headers["x-compaction"] == "reused", "the shortened summary is stored and spliced in again"
 
 
+def failing_command(number: int) -> list[dict[str, Any]]:
+    arguments = json.dumps({"command": f"pytest -k shard_{number}"})
+    return [{"role": "assistant", "content": None,
+             "tool_calls": [{"id": f"call_{number}", "type": "function",
+                             "function": {"name": "run_command", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": f"call_{number}",
+             "content": f"collected 3 items\nE   ShardError: checksum mismatch in shard {number}"}]
+
+
 def history_with_a_failing_command(turns: int) -> list[dict[str, Any]]:
     history = big_history(turns)
-    failing = [{"role": "assistant", "content": None,
-                "tool_calls": [{"id": "call_77", "type": "function",
-                                "function": {"name": "run_command", "arguments": '{"command": "pytest -k shard_77"}'}}]},
-               {"role": "tool", "tool_call_id": "call_77", "content": "collected 3 items\n"
-                                                                        "E   ShardError: checksum mismatch in shard 77"}]
-    return [*history[:3], *failing, *history[3:]]
+    return [*history[:3], *failing_command(77), *history[3:]]
 
 
 @pytest.mark.parametrize("evidence", [True, False], ids=["evidence", "no-evidence"])
@@ -533,15 +537,6 @@ async def test_with_room_the_evidence_is_added(model: WindowedModel, fake: FakeU
     quoted, _ = await compacted_with("FACT-0 " + "word " * 200, True, model, fake, make_proxy)
     summary = next(m["content"] for m in model.chat_calls[-1].body["messages"] if "FACT-0 word" in str(m["content"]))
     assert quoted == "proactive" and "checksum mismatch in shard 77" in summary
-
-
-def failing_command(number: int) -> list[dict[str, Any]]:
-    arguments = json.dumps({"command": f"pytest -k shard_{number}"})
-    return [{"role": "assistant", "content": None,
-             "tool_calls": [{"id": f"call_{number}", "type": "function",
-                             "function": {"name": "run_command", "arguments": arguments}}]},
-            {"role": "tool", "tool_call_id": f"call_{number}",
-             "content": f"collected 3 items\nE   ShardError: checksum mismatch in shard {number}"}]
 
 
 def file_read(number: int, words: int) -> list[dict[str, Any]]:
