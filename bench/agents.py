@@ -20,14 +20,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.app import start_server  # noqa: E402
-from proxy.config import settings_from_mapping  # noqa: E402
-from tests.conftest import serve_app  # noqa: E402
-from tests.fakes.agent import AgentModel, run_agent  # noqa: E402
-from tests.fakes.conversation import run_script  # noqa: E402
-from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp  # noqa: E402
-from tests.fakes.windowed import WindowedModel  # noqa: E402
-from tests.sdk import async_client  # noqa: E402
+from proxy.app import start_server
+from proxy.config import settings_from_mapping
+from tests.conftest import serve_app
+from tests.fakes.agent import AgentModel, run_agent
+from tests.fakes.conversation import run_script
+from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
+from tests.fakes.windowed import WindowedModel
+from tests.sdk import async_client
 
 Drive = Callable[[Any], Awaitable[Any]]
 

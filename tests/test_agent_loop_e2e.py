@@ -1,7 +1,8 @@
-"""Agents in long tool loops, through the proxy: one instruction, then rounds of parallel tool calls, at a small window."""
+"""Agents in long tool loops through the proxy: one instruction, then rounds of parallel tool calls, small window."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 
@@ -45,7 +46,7 @@ async def test_sixty_tool_rounds_at_a_small_window(stream: bool, model: AgentMod
         assert messages[0] == SYSTEM
         assert INSTRUCTION in messages, "the user's instruction was summarised away"
         roles = [m["role"] for m in messages]
-        assert ("user", "user") not in zip(roles, roles[1:])
+        assert ("user", "user") not in itertools.pairwise(roles)
         assert messages[-1]["role"] == ("user" if len(messages) == 2 else "tool")
     compacted = sum(1 for h in run.headers if h["x-compaction"] != "none")
     assert compacted > ROUNDS // 2, "the proxy did not compact the loop"

@@ -39,7 +39,7 @@ def big_history(turns: int) -> list[dict[str, Any]]:
     history: list[dict[str, Any]] = [SYSTEM]
     for index in range(turns):
         history += [user_turn(index), {"role": "assistant", "content": f"Noted FACT-{index}. " + "ok " * 60}]
-    return history + [user_turn(turns)]
+    return [*history, user_turn(turns)]
 
 
 @pytest.fixture
@@ -318,8 +318,8 @@ async def test_summariser_uses_the_client_credentials(model: WindowedModel, fake
     client = async_client(proxy.url, api_key="sk-client-key")
     await calibrated(client, model)
     await client.chat.completions.create(model="fake-small", messages=big_history(20))
-    summariser_requests = [r for r in fake.requests
-                           if r.path.endswith("/chat/completions") and is_summarizer_request(json.loads(r.body)["messages"])]
+    summariser_requests = [r for r in fake.requests if r.path.endswith("/chat/completions")
+                           and is_summarizer_request(json.loads(r.body)["messages"])]
     assert [r.headers["Authorization"] for r in summariser_requests] == ["Bearer sk-client-key"]
     assert "x-compaction-mode" not in {name.lower() for r in fake.requests for name in r.headers}
 

@@ -13,8 +13,8 @@ from proxy.plan import check_tool_pairing
 from tests.conftest import ProxyFactory
 from tests.fakes.conversation import SYSTEM, run_script
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.fakes.windowed import WindowedModel
 from tests.fakes.summariser_requests import summarised_text
+from tests.fakes.windowed import WindowedModel
 from tests.sdk import async_client
 
 WINDOW = 4096

@@ -26,7 +26,8 @@ TEXT_FILES = sorted(path for path in DEPLOY.rglob("*") if path.is_file())
 # ${VAR}, ${VAR:-fallback}, ${VAR:?message}: the interpolations of our config and of compose.
 REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
 SECRET_KEY = re.compile(r"pass(word)?|secret|token|api_?keys?|master_?key|auth", re.IGNORECASE)
-SECRET_REFERENCE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*(:-|:\?[^}]*)?\}|\$\([A-Za-z_][A-Za-z0-9_]*\)|os\.environ/\w+")
+SECRET_REFERENCE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*(:-|:\?[^}]*)?\}"
+                              r"|\$\([A-Za-z_][A-Za-z0-9_]*\)|os\.environ/\w+")
 
 
 def documents(path: Path) -> list[Any]:

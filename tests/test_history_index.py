@@ -22,7 +22,8 @@ CALL = st.fixed_dictionaries({"id": TEXT, "type": st.just("function"),
                               "function": st.fixed_dictionaries({"name": TEXT, "arguments": TEXT})})
 MESSAGE = st.one_of(
     st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]), "content": TEXT}),
-    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none(), "tool_calls": st.lists(CALL, max_size=2)}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none(),
+                           "tool_calls": st.lists(CALL, max_size=2)}),
     st.fixed_dictionaries({"role": st.just("tool"), "tool_call_id": TEXT, "content": TEXT}),
     st.fixed_dictionaries({"role": st.just("user"),
                            "content": st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}),

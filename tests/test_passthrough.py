@@ -15,8 +15,8 @@ from yarl import URL
 
 from proxy.app import RunningServer
 from tests.conftest import ProxyFactory
-from tests.sdk import async_client, sync_client
 from tests.fakes.openai_upstream import FakeUpstream
+from tests.sdk import async_client, sync_client
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hello there"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 from typing import Any
 
@@ -124,7 +125,7 @@ def test_earlier_user_messages_kept_newest_first(allotted: int, kept: list[int])
     assert list(plan.kept_users) == [messages[i] for i in kept]
     spliced = splice(plan, SUMMARY, NOTE, ACK)
     roles = [m["role"] for m in spliced]
-    assert all(pair != ("user", "user") and pair != ("assistant", "assistant") for pair in zip(roles, roles[1:]))
+    assert all(pair != ("user", "user") and pair != ("assistant", "assistant") for pair in itertools.pairwise(roles))
     assert [m for m in spliced if m["role"] == "user" and m is not SUMMARY] == [messages[i] for i in kept]
 
 
@@ -408,7 +409,7 @@ def _assert_valid_plan(messages: list[Message], plan: Plan) -> None:
     roles = [m["role"] for m in spliced]
     summary_at = spliced.index(SUMMARY)
     seam = roles[summary_at: len(spliced) - len(plan.tail) + 1]
-    assert all(a != b for a, b in zip(seam, seam[1:])), seam
+    assert all(a != b for a, b in itertools.pairwise(seam)), seam
     assert all(role in {"system", "developer"} for role in roles[:summary_at])
 
 

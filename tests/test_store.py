@@ -13,9 +13,9 @@ import pytest
 
 from proxy.config import StoreConfig
 from proxy.fingerprint import hash_chain
-from proxy.tenants import tenant_namespace
 from proxy.single_flight import SingleFlight
 from proxy.store import CompactedPrefix, MemoryStore, SqliteStore, SummaryStore, open_store
+from proxy.tenants import tenant_namespace
 
 TTL = 100.0
 TENANT = tenant_namespace("sk-one")

@@ -15,8 +15,8 @@ import pytest
 
 from proxy.config import MIB, StoreConfig, settings_from_mapping
 from proxy.fingerprint import hash_chain
-from proxy.tenants import tenant_namespace
 from proxy.store import CompactedPrefix, MemoryStore, SqliteStore, open_store
+from proxy.tenants import tenant_namespace
 from tests.conftest import ProxyFactory
 
 TTL = 100.0

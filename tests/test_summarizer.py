@@ -138,7 +138,8 @@ def tool_history(results: int = 10, result_size: int = 2000, user_padding: int =
 # --- the request ------------------------------------------------------------------------------------------
 
 async def test_request_shape(templates: Templates) -> None:
-    history = tool_history(2, result_size=20) + [
+    history = [
+        *tool_history(2, result_size=20),
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "look"},
                                      {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
@@ -249,7 +250,8 @@ async def test_a_known_window_plans_merge_groups_by_tokens(templates: Templates,
     parts = sum(text.startswith("part ") for text in labels)
     merges = [int(text.removeprefix("merge ")) for text in labels if text.startswith("merge ")]
     assert parts >= 3 and len(merges) >= 2 and max(merges) < parts
-    assert [label(request, templates) for request in model.overflowed] == ["direct"]  # every merge group was planned to fit
+    # Every merge group was planned to fit.
+    assert [label(request, templates) for request in model.overflowed] == ["direct"]
     assert markers(summary.text) == [f"FACT-{index}" for index in range(24)]
 
 

@@ -304,7 +304,7 @@ def history(turns: int) -> list[dict[str, Any]]:
         filler = " ".join(f"word{index}x{n}" for n in range(60))
         messages += [{"role": "user", "content": f"Remember FACT-{index}. {filler}"},
                      {"role": "assistant", "content": f"Noted FACT-{index}. " + "ok " * 60}]
-    return messages + [{"role": "user", "content": f"Remember FACT-{turns}."}]
+    return [*messages, {"role": "user", "content": f"Remember FACT-{turns}."}]
 
 
 async def ask(proxy: RunningServer, messages: list[Any], model: str = "fake-small") -> str:

@@ -139,7 +139,8 @@ def _completion(body: dict[str, Any], message: dict[str, Any], prompt: int,
             "usage": usage or {"prompt_tokens": prompt, "completion_tokens": 50, "total_tokens": prompt + 50}}
 
 
-async def _stream(request: web.Request, body: dict[str, Any], message: dict[str, Any], usage: dict[str, int]) -> web.StreamResponse:
+async def _stream(request: web.Request, body: dict[str, Any], message: dict[str, Any],
+                  usage: dict[str, int]) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     await response.write(sse(chunk(body, {"role": "assistant", "content": ""})))
