@@ -294,13 +294,19 @@ def main(argv: list[str] | None = None) -> int:
             replicates.append(asyncio.run(run_replicate(options, upstream, model, log_path, options.seed + index,
                                                         earlier)))
             if options.json:  # after every replicate: a long run stopped early keeps what it measured
-                write_json(options.json, {**head, "replicates": len(replicates)}, replicates)
-    print("\n".join(report(head, replicates)))
+                write_json(options.json, head, replicates)
+    print("\n".join(report(as_run(head, replicates), replicates)))
     return 0
 
 
+def as_run(head: dict[str, Any], replicates: list[dict[str, Any]]) -> dict[str, Any]:
+    """The header with the replicates and seeds run so far, not those asked for (a run may be stopped early)."""
+    return {**head, "replicates": len(replicates), "seeds": [r["seed"] for r in replicates]}
+
+
 def write_json(path: Path, head: dict[str, Any], replicates: list[dict[str, Any]]) -> None:
-    path.write_text(json.dumps({"header": head, "report": report(head, replicates), "replicates": replicates,
+    run = as_run(head, replicates)
+    path.write_text(json.dumps({"header": run, "report": report(run, replicates), "replicates": replicates,
                                 "recall": aggregate([p for r in replicates for p in r["probes"]])}, indent=1))
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from bench.fidelity import header, parse_args, write_json
 from bench.fidelity_drive import NEW_SUMMARY, drive, planted_by
 from bench.fidelity_facts import (
     KINDS,
@@ -210,3 +211,13 @@ async def test_the_check_fails_when_the_summariser_input_loses_tool_results(fake
     conversation, model, points = await run_through_proxy(fake, make_proxy, 4096, shrink=0.9)
     assert len(points) == 3
     assert any("not in the summariser input" in problem for problem in lost_facts(conversation, model, points))
+
+
+def test_a_run_stopped_early_records_the_seeds_it_ran(tmp_path: Any) -> None:
+    options = parse_args(["--replicates", "3", "--seed", "7"])
+    replicate = {"seed": 7, "seconds": 1.0, "probes": [], "summaries": [], "failed_summaries": []}
+    path = tmp_path / "run.json"
+    write_json(path, header(options, "qwen-1.5b"), [replicate])
+    written = json.loads(path.read_text())
+    assert (written["header"]["replicates"], written["header"]["seeds"]) == (1, [7])
+    assert "1 replicate(s), seeds [7]" in written["report"][2]
