@@ -236,8 +236,7 @@ class Compactor:
         if config.evidence and (completed := await self._with_evidence(job, summary, tokens_after)) is not summary:
             summary = completed
             messages, tokens_after = self._replacement(job, summary)
-        if (not budget.fits_window(job.limits, job.upstream_tokens(tokens_after) + job.plan.tail_tokens)
-                and self._counter.count_text(summary.text) > job.summary_tokens):
+        if job.room_beside_tail(tokens_after) < 0 and self._counter.count_text(summary.text) > job.summary_tokens:
             # Longer than asked (parts kept side by side, say) and, beside the recent turns, past the window: its
             # middle goes, so the conversation goes on rather than failing every turn from here; both ends, the
             # oldest facts and the latest, stay. (The plan sized the ask to fit beside the recent turns.)
@@ -267,10 +266,9 @@ class Compactor:
         # never more than the window leaves beside the summary as written and the recent turns (evidence must
         # not be what pushes the retried request past the window). Context entries (files read, commands run)
         # get no share of the unused room: the next summary's input would pay for them.
-        written = job.upstream_tokens(tokens_as_written)
-        spare = job.own_tokens(budget.window_room(job.limits, written + job.plan.tail_tokens))
+        spare = job.own_tokens(job.room_beside_tail(tokens_as_written))
         room = min(max(job.summary_tokens - count(summary.text), job.summary_tokens // 3), spare)
-        unused = min(job.own_tokens(job.plan.room_at_goal(written)), spare)
+        unused = min(job.own_tokens(job.plan.room_at_goal(job.upstream_tokens(tokens_as_written))), spare)
         structured, added = complete(summary.structured, summary.text, evidence, room, count,
                                      exact_room=unused - room)
         if not added:
@@ -343,6 +341,11 @@ class _Job:
 
     def own_tokens(self, upstream_tokens: int) -> int:
         return math.floor(upstream_tokens / self.ratio)
+
+    def room_beside_tail(self, replacement_tokens: int) -> int:
+        """The window's room (the upstream's tokens) once a replacement of `replacement_tokens` (our count) and the
+        recent turns are in, with the reserved output and the margin; below 0 the retry would overflow."""
+        return budget.window_room(self.limits, self.upstream_tokens(replacement_tokens) + self.plan.tail_tokens)
 
     def log_fields(self) -> dict[str, Any]:
         limits = self.limits

@@ -431,14 +431,21 @@ def summariser_replying(model: WindowedModel, text: str) -> Any:
     return hook
 
 
+async def summarised_by(reply: str, model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory,
+                        **summarizer: Any) -> openai.AsyncOpenAI:
+    """A client of a calibrated proxy (no background summaries) whose summariser replies `reply`."""
+    proxy = await make_proxy(compaction_config(background=False, summarizer=summarizer))
+    client = async_client(proxy.url)
+    fake.chat_hook = model
+    await calibrated(client, model)
+    fake.chat_hook = summariser_replying(model, reply)
+    return client
+
+
 async def test_a_summary_longer_than_the_window_allows_loses_its_middle_and_the_conversation_goes_on(
         model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy(compaction_config(background=False))
-    client = async_client(proxy.url)
-    await calibrated(client, model)
-
     # Parts kept side by side can add up like this.
-    fake.chat_hook = summariser_replying(model, "FACT-0 " + "more words " * 4000 + "FACT-LAST")
+    client = await summarised_by("FACT-0 " + "more words " * 4000 + "FACT-LAST", model, fake, make_proxy)
     history = big_history(20)
     first = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
     assert first.headers["x-compaction"] == "proactive"
@@ -487,10 +494,7 @@ async def test_a_failing_command_the_summary_left_out_is_added_verbatim(evidence
 
 async def test_evidence_follows_a_reply_that_did_not_parse_which_stays_verbatim(
         model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy(compaction_config(background=False))
-    client = async_client(proxy.url)
-    await calibrated(client, model)
-    fake.chat_hook = summariser_replying(model, "The user keeps a list of facts, FACT-0 onwards.")
+    client = await summarised_by("The user keeps a list of facts, FACT-0 onwards.", model, fake, make_proxy)
     raw = await client.chat.completions.with_raw_response.create(model="fake-small",
                                                                  messages=history_with_a_failing_command(20))
     assert raw.headers["x-compaction"] == "proactive"
@@ -503,11 +507,7 @@ async def compacted_with(reply: str, evidence: bool, model: WindowedModel, fake:
                          make_proxy: ProxyFactory) -> tuple[str, list[int]]:
     """x-compaction of one proactive turn whose summariser replies `reply`, and the chat calls' prompt tokens."""
     model.received.clear()
-    proxy = await make_proxy(compaction_config(background=False, summarizer={"evidence": evidence}))
-    client = async_client(proxy.url)
-    fake.chat_hook = model
-    await calibrated(client, model)
-    fake.chat_hook = summariser_replying(model, reply)
+    client = await summarised_by(reply, model, fake, make_proxy, evidence=evidence)
     try:
         raw = await client.chat.completions.with_raw_response.create(model="fake-small",
                                                                      messages=history_with_a_failing_command(20))
@@ -553,10 +553,7 @@ async def test_the_evidence_fills_what_the_target_leaves_when_the_tail_cannot(
     # The recent turns are kept whole or not at all: here the turn before the last question is a file read too
     # long for the tail's share, so that share goes unused, and forty failing commands need more than the
     # summary's own allotment. What the target leaves takes them; the compacted request stays within the target.
-    proxy = await make_proxy(compaction_config(background=False))
-    client = async_client(proxy.url)
-    await calibrated(client, model)
-    fake.chat_hook = summariser_replying(model, "FACT-0 the tests fail in many shards.")
+    client = await summarised_by("FACT-0 the tests fail in many shards.", model, fake, make_proxy)
     history = [SYSTEM, {"role": "user", "content": "Make the shard tests pass."},
                *(message for number in range(100, 140) for message in failing_command(number)),
                *(message for number in range(3) for message in file_read(number, 1000)),
