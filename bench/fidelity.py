@@ -30,7 +30,7 @@ from bench.fidelity_arms import (
     tail_of,
 )
 from bench.fidelity_drive import NEW_SUMMARY, PROBE_MAX_TOKENS, ask, drive, planted_by
-from bench.fidelity_facts import Conversation, Fact, generate, grade, probe_message
+from bench.fidelity_facts import SHAPES, Conversation, Fact, generate, grade, probe_message
 from bench.fidelity_filler import Message
 from bench.fidelity_report import ARMS, aggregate, recall_table, summary_lines
 from proxy.app import start_server
@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--replicates", type=int, default=3)
     parser.add_argument("--cycles", type=int, default=3, choices=(1, 2, 3))
     parser.add_argument("--window", type=int, default=1536, help="context window the proxy is told")
+    parser.add_argument("--shape", choices=SHAPES, default="spread",
+                        help="where the facts are planted: over the whole conversation, or all before the first "
+                             "compaction (an instruction, then only tool rounds)")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ",".join(ARMS))
     parser.add_argument("--layout", choices=("auto", "prefix", "transcript"),
                         help="compaction.summarizer.layout (only sent when given)")
@@ -134,7 +137,7 @@ class Replicate:
     def __init__(self, options: argparse.Namespace, model: str, seed: int, recorder: TimedRecorder,
                  earlier: EarlierControls | None = None) -> None:
         self.options, self.model, self.seed, self.recorder, self.earlier = options, model, seed, recorder, earlier
-        self.conversation: Conversation = generate(seed, options.window, options.cycles)
+        self.conversation: Conversation = generate(seed, options.window, options.cycles, shape=options.shape)
         self.counter = TokenCounter()
         self.naive = NaiveSummary()
         self.turns: list[dict[str, Any]] = []
@@ -241,7 +244,7 @@ def header(options: argparse.Namespace, model: str) -> dict[str, Any]:
             "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, load "
                        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}",
             "model": model, "upstream": options.upstream or "bundled llama-cpp-python server",
-            "window": options.window, "layout": options.layout or "(proxy default)",
+            "window": options.window, "shape": options.shape, "layout": options.layout or "(proxy default)",
             "proxy_config": options.proxy_config, "cycles": options.cycles,
             "replicates": options.replicates, "arms": options.arms, "seeds": [options.seed + r for r in
                                                                                range(options.replicates)],
@@ -250,7 +253,8 @@ def header(options: argparse.Namespace, model: str) -> dict[str, Any]:
 
 def report(head: dict[str, Any], replicates: list[dict[str, Any]]) -> list[str]:
     lines = [f"# Fidelity benchmark {head['date']}", f"machine: {head['machine']}",
-             f"model: {head['model']} ({head['upstream']}); window {head['window']}; layout {head['layout']}; "
+             f"model: {head['model']} ({head['upstream']}); window {head['window']}; "
+             f"facts planted {head.get('shape', 'spread')}; layout {head['layout']}; "
              f"{head['replicates']} replicate(s), seeds {head['seeds']}; cycles {head['cycles']}; "
              f"proxy config overrides {json.dumps(head['proxy_config'])}"]
     probes = [p for r in replicates for p in r["probes"]]
@@ -286,8 +290,10 @@ def main(argv: list[str] | None = None) -> int:
             upstream, model, log_path = server.url, options.model, server.log_path
             print(f"model server {server.url} (pid {server.process.pid}, log {log_path})", flush=True)
         head = header(options, model)
-        earlier = EarlierControls.load(options.controls_from, model, options.window, options.cycles) \
-            if options.controls_from else None
+        earlier = None
+        if options.controls_from:
+            earlier = EarlierControls.load(options.controls_from, model, options.window, options.cycles,
+                                           options.shape)
         replicates = []
         for index in range(options.replicates):
             print(f"replicate {index + 1}/{options.replicates} (seed {options.seed + index})", flush=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,11 @@ def probe_record(fact: Fact, arm: str, answer: Answer, grading: dict[str, bool],
             "compaction": answer.compaction, "seconds": round(answer.seconds, 2), **grading, **extra}
 
 
+def run_shape(header: Mapping[str, Any]) -> str:
+    """The conversation shape a run measured: runs from before shapes existed planted their facts spread."""
+    return str(header.get("shape", "spread"))
+
+
 Controls = dict[tuple[int, int, str], list[dict[str, Any]]]  # (seed, cycle, arm) -> its probes
 
 
@@ -145,12 +150,13 @@ class EarlierControls:
     points: dict[tuple[int, int], int]  # (seed, cycle) -> the message after which that compaction was made
 
     @classmethod
-    def load(cls, path: Path, model: str, window: int, cycles: int) -> EarlierControls:
+    def load(cls, path: Path, model: str, window: int, cycles: int, shape: str = "spread") -> EarlierControls:
         data = json.loads(path.read_text())
         header = data["header"]
-        if (header["model"], header["window"], header["cycles"]) != (model, window, cycles):
-            raise ValueError(f"{path} measured {header['model']} at window {header['window']} over "
-                             f"{header['cycles']} cycles, not {model} at {window} over {cycles}")
+        measured = (header["model"], header["window"], header["cycles"], run_shape(header))
+        if measured != (model, window, cycles, shape):
+            raise ValueError(f"{path} measured {measured[0]} at window {measured[1]} over {measured[2]} cycles, "
+                             f"facts planted {measured[3]}, not {model} at {window} over {cycles}, {shape}")
         probes: Controls = {}
         for replicate in data["replicates"]:
             for probe in replicate["probes"]:

@@ -19,6 +19,11 @@ PROBE_SUFFIX = " Answer from our conversation so far, with the exact value only.
 # summarises some of them and later cycles must carry earlier ones through re-summarisation.
 PLACEMENT = (("path", 0.04), ("error", 0.1), ("command", 0.14), ("stale", 0.2), ("port", 0.28),
              ("decision", 0.38), ("identifier", 0.48), ("timeout", 0.58), ("override", 0.68))
+# The "front" shape plants the same facts in the same order, all before the first compaction (the last one at this
+# share of the window, under the 0.8 threshold): an agent's instruction and early findings, then only tool rounds,
+# so every later compaction must carry every fact through another summary and truncation keeps none of them.
+SHAPES = ("spread", "front")
+FRONT_END = 0.6
 
 
 @dataclass(frozen=True)
@@ -167,8 +172,12 @@ def target_tokens(window: int, cycles: int) -> int:
     return int(window * (1.1 + 0.5 * (cycles - 1)))
 
 
-def generate(seed: int, window: int = 1536, cycles: int = 3, counter: TokenCounter | None = None) -> Conversation:
-    """A deterministic agent conversation for `seed`, long enough for `cycles` compactions at `window`."""
+def generate(seed: int, window: int = 1536, cycles: int = 3, counter: TokenCounter | None = None,
+             shape: str = "spread") -> Conversation:
+    """A deterministic agent conversation for `seed`, long enough for `cycles` compactions at `window`, its facts
+    planted over the whole conversation (`spread`) or all before the first compaction (`front`)."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown conversation shape {shape!r}: one of {', '.join(SHAPES)}")
     rng = random.Random(seed)
     values = _Values(rng).draw()
     count = (counter or TokenCounter()).count_messages
@@ -178,9 +187,10 @@ def generate(seed: int, window: int = 1536, cycles: int = 3, counter: TokenCount
     facts = [Fact("constraint", "constraint", values.constraint, "Which directory did I tell you never to touch?",
                   index=1)]
     total = target_tokens(window, cycles)
+    scale = total if shape == "spread" else FRONT_END * window / PLACEMENT[-1][1]
     calls = iter(range(1, 10_000))
     for key, share in PLACEMENT:
-        while count(messages) < share * total:
+        while count(messages) < share * scale:
             messages += filler_round(rng, f"call_{next(calls)}")
         planted, offset, fact = PLANTERS[key](values, f"call_{next(calls)}")
         facts.append(_at(fact, len(messages) + offset))

@@ -11,9 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.fidelity import as_run, report, write_json
+from bench.fidelity_arms import run_shape
 
 # What makes two runs the same measurement; the date, machine load and controls may differ.
 SETUP = ("model", "upstream", "window", "layout", "proxy_config", "cycles", "arms")
+
+
+def setup(header: Mapping[str, Any]) -> dict[str, Any]:
+    return {**{key: header.get(key) for key in SETUP}, "shape": run_shape(header)}
 
 
 class MergeError(ValueError):
@@ -26,7 +31,7 @@ def merge(runs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> tuple[dict
         raise MergeError("no runs to merge")
     first = runs[0]["header"]
     for name, run in zip(names, runs, strict=True):
-        if differs := [key for key in SETUP if run["header"].get(key) != first.get(key)]:
+        if differs := [key for key, value in setup(run["header"]).items() if value != setup(first)[key]]:
             raise MergeError(f"{name} is another setup ({', '.join(differs)} differ from {names[0]})")
     replicates = [copy.deepcopy(replicate) for run in runs for replicate in run["replicates"]]
     if len(seeds := [replicate["seed"] for replicate in replicates]) != len(set(seeds)):

@@ -12,10 +12,14 @@ from bench.fidelity_arms import EarlierControls, tail_of
 from proxy.tokens import TokenCounter
 
 
-def earlier_run(tmp_path: Path, model: str = "qwen-1.5b", window: int = 3072, cycles: int = 3) -> Path:
+def earlier_run(tmp_path: Path, model: str = "qwen-1.5b", window: int = 3072, cycles: int = 3,
+                shape: str | None = None) -> Path:
     probes = [{"arm": arm, "replicate": 1, "cycle": cycle, "key": key, "correct": True}
               for arm in ("proxy", "full", "naive") for cycle in (1, 2) for key in ("path", "port")]
-    data = {"header": {"model": model, "window": window, "cycles": cycles},
+    head: dict[str, Any] = {"model": model, "window": window, "cycles": cycles}
+    if shape:  # a run from before shapes existed has none: its facts were spread
+        head["shape"] = shape
+    data = {"header": head,
             "replicates": [{"seed": 1, "probes": probes,
                             "summaries": [{"cycle": 1, "point": 40}, {"cycle": 2, "point": 64}]}]}
     path = tmp_path / "earlier.json"
@@ -51,6 +55,18 @@ def test_the_proxy_arm_is_never_reused(tmp_path: Path) -> None:
 def test_an_earlier_run_of_another_setup_is_refused(tmp_path: Path, model: str, window: int, cycles: int) -> None:
     with pytest.raises(ValueError, match=r"measured qwen-1\.5b at window 3072 over 3 cycles"):
         EarlierControls.load(earlier_run(tmp_path), model, window, cycles)
+
+
+@pytest.mark.parametrize(("measured", "asked", "loads"), [(None, "spread", True), (None, "front", False),
+                                                          ("front", "front", True), ("front", "spread", False)])
+def test_controls_are_reused_only_for_the_same_conversation_shape(tmp_path: Path, measured: str | None, asked: str,
+                                                                  loads: bool) -> None:
+    path = earlier_run(tmp_path, shape=measured)
+    if loads:
+        assert EarlierControls.load(path, "qwen-1.5b", 3072, 3, asked).reusable(1, 1, "full", 40, {1: 40})
+    else:
+        with pytest.raises(ValueError, match=f"facts planted {measured or 'spread'}, not .*{asked}"):
+            EarlierControls.load(path, "qwen-1.5b", 3072, 3, asked)
 
 
 def test_the_tail_never_opens_on_a_tool_result() -> None:

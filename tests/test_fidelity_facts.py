@@ -13,6 +13,7 @@ from bench.fidelity import header, parse_args, write_json
 from bench.fidelity_drive import NEW_SUMMARY, drive, planted_by
 from bench.fidelity_facts import (
     KINDS,
+    SHAPES,
     Conversation,
     Fact,
     contains,
@@ -24,6 +25,7 @@ from bench.fidelity_facts import (
     request_text,
 )
 from bench.fidelity_report import aggregate, recall_table
+from proxy.tokens import TokenCounter
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import OPENAI_OVERFLOW, WindowedModel
@@ -39,9 +41,10 @@ def test_the_generator_is_deterministic_for_a_seed() -> None:
     assert {fact.value for fact in first.facts}.isdisjoint({fact.value for fact in other.facts})
 
 
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_every_fact_first_appears_where_it_is_said_to_be_planted(seed: int) -> None:
-    conversation = generate(seed)
+def test_every_fact_first_appears_where_it_is_said_to_be_planted(seed: int, shape: str) -> None:
+    conversation = generate(seed, shape=shape)
     assert {fact.kind for fact in conversation.facts} >= set(KINDS)
     for fact in conversation.facts:
         assert contains(message_text(conversation.messages[fact.index]), fact.value), fact
@@ -59,6 +62,23 @@ def test_facts_are_spread_over_the_conversation_and_tool_calls_are_answered(cycl
     results = {message["tool_call_id"] for message in conversation.messages if message["role"] == "tool"}
     assert calls == results
     assert drive_points(conversation.messages)[-1] == len(conversation.messages) - 1
+
+
+@pytest.mark.parametrize("window", [1536, 3072, 8192])
+def test_the_front_shape_plants_every_fact_before_the_first_compaction(window: int) -> None:
+    front, spread = generate(4, window, 3, shape="front"), generate(4, window, 3)
+    count = TokenCounter().count_messages
+    before = max(fact.index for fact in front.facts) + 1
+    assert count(front.messages[:before]) < 0.72 * window, "the last fact is planted well under the 0.8 threshold"
+    assert [f.key for f in front.facts] == [f.key for f in spread.facts] and front.facts != spread.facts
+    assert abs(front.tokens - spread.tokens) < 0.05 * spread.tokens, "the same length, only the facts moved"
+    spread_before = max(fact.index for fact in spread.facts) + 1
+    assert count(spread.messages[:spread_before]) > 0.8 * window, "the spread shape plants after the first"
+
+
+def test_an_unknown_shape_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown conversation shape 'middle'"):
+        generate(1, shape="middle")
 
 
 def test_overridden_decisions_are_graded_by_the_new_value_and_the_old_one_is_stale() -> None:
@@ -175,9 +195,9 @@ def lost_facts(conversation: Conversation, fake: FactSummariser, points: list[in
 
 
 async def run_through_proxy(fake: FakeUpstream, make_proxy: ProxyFactory, window: int,
-                            shrink: float | None = None, layout: str = "transcript") \
+                            shrink: float | None = None, layout: str = "transcript", shape: str = "spread") \
         -> tuple[Conversation, FactSummariser, list[int]]:
-    conversation = generate(5, window=window, cycles=3)
+    conversation = generate(5, window=window, cycles=3, shape=shape)
     model = FactSummariser(window, conversation.facts, shrink)
     fake.chat_hook = model
     proxy = await make_proxy({"models": {"default": {"context_window": window}},
@@ -193,12 +213,14 @@ async def run_through_proxy(fake: FakeUpstream, make_proxy: ProxyFactory, window
     return conversation, model, points
 
 
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("layout", ["transcript", "prefix"])
 @pytest.mark.parametrize("window", [1536, 4096])
 async def test_every_planted_fact_reaches_the_summariser_or_stays_verbatim(fake: FakeUpstream,
                                                                            make_proxy: ProxyFactory,
-                                                                           window: int, layout: str) -> None:
-    conversation, model, points = await run_through_proxy(fake, make_proxy, window, layout=layout)
+                                                                           window: int, layout: str,
+                                                                           shape: str) -> None:
+    conversation, model, points = await run_through_proxy(fake, make_proxy, window, layout=layout, shape=shape)
     assert len(points) == 3, "the conversation must compact three times"
     assert all(len([b for s, b in model.summaries if s == point]) >= 1 for point in points)
     assert lost_facts(conversation, model, points) == []

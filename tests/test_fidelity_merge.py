@@ -42,6 +42,7 @@ def test_two_runs_are_two_replicates_with_their_spread(tmp_path: Path) -> None:
     (["--seed", "1"], "a seed is measured twice"),
     (["--seed", "2", "--window", "4096"], "window differ"),
     (["--seed", "2", "--cycles", "2"], "cycles differ"),
+    (["--seed", "2", "--shape", "front"], "shape differ"),
 ])
 def test_runs_of_another_setup_or_the_same_seed_are_refused(tmp_path: Path, other: list[str], problem: str) -> None:
     first = json.loads(run(tmp_path / "a.json", 1, True).read_text())
@@ -57,3 +58,14 @@ def test_a_missing_or_broken_file_is_an_error_not_a_traceback(tmp_path: Path,
     assert main([str(tmp_path / "broken.json")]) == 2
     assert main([str(tmp_path / "absent.json")]) == 2
     assert capsys.readouterr().err.count("error:") == 2
+
+
+def test_a_run_from_before_shapes_existed_merges_with_a_spread_run(tmp_path: Path) -> None:
+    older = json.loads(run(tmp_path / "a.json", 1, True).read_text())
+    del older["header"]["shape"]
+    newer = json.loads(run(tmp_path / "b.json", 2, True).read_text())
+    head, _ = merge([older, newer], ["a.json", "b.json"])
+    assert head["seeds"] == [1, 2]
+    front = json.loads(run(tmp_path / "c.json", 3, True, "--shape", "front").read_text())
+    with pytest.raises(MergeError, match="shape differ"):
+        merge([older, front], ["a.json", "c.json"])
