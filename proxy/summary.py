@@ -34,6 +34,12 @@ _TERMINATOR = "</analysis>"
 _JSON_FENCE = "```json"
 # strict=False: models often put raw newlines inside strings (key_code); that is lenience, not repair.
 _DECODER = json.JSONDecoder(strict=False)
+# An object's opening: a brace, then a key or its closing brace. Anything else cannot decode, so is not tried.
+_OBJECT_OPENING = re.compile(r"\{\s*[\"}]")
+# A failed decode costs time in proportion to where it fails (the decoder's error counts the lines before it), so
+# a reply of thousands of fences or terminators would take quadratic time; a real reply has one or two. Past this
+# many decodes the reply is left to the raw-text fallback, which loses nothing.
+MAX_DECODES = 64
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*(?:\r\n|\n|\r))+")
 _LINE_BREAK = re.compile(r"\s*(?:\r\n|\n|\r)\s*")
 
@@ -133,35 +139,41 @@ def rendered_text(summary: StructuredSummary, templates: Templates | None = None
 
 
 def _candidate_objects(text: str) -> Iterator[dict[str, Any]]:
-    """Decoded candidate objects in the order the spec fixes (see `StructuredSummary.parse`)."""
+    """Decoded candidate objects in the order the spec fixes (see `StructuredSummary.parse`), at most
+    `MAX_DECODES` of them tried."""
     terminators = [match.start() for match in re.finditer(re.escape(_TERMINATOR), text)]
     fences = [match.start() for match in re.finditer(re.escape(_JSON_FENCE), text)]
     cuts = [start + len(_TERMINATOR) for start in terminators] or [0]
+    openings: list[tuple[int, int]] = []  # (where an object may open, first terminator it must cover)
     # Fences past the next cut were already tried under it; they cannot cover that cut's terminator.
     for cut, next_cut in reversed(list(zip(cuts, [*cuts[1:], len(text) + 1], strict=True))):
-        later = terminators[bisect_left(terminators, cut):]
+        later = bisect_left(terminators, cut)
         region_fences = fences[bisect_left(fences, cut):bisect_left(fences, next_cut)]
-        openings = [_object_start(text, fence + len(_JSON_FENCE)) for fence in reversed(region_fences)]
-        openings.append(_object_start(text, cut))
-        for start in (opening for opening in openings if opening is not None):
-            decoded = _decode_object(text, start)
-            if decoded and _covers(start, decoded[1], later):
-                yield decoded[0]
+        starts = [_object_start(text, fence + len(_JSON_FENCE)) for fence in reversed(region_fences)]
+        starts.append(_object_start(text, cut))
+        openings += [(start, later) for start in starts if start is not None]
+        if len(openings) >= MAX_DECODES:
+            break
     opening = _object_start(text, 0)
-    if terminators and opening is not None and (decoded := _decode_object(text, opening)):
-        yield decoded[0]
+    if terminators and opening is not None:
+        openings.append((opening, len(terminators)))
+    for start, later in openings[:MAX_DECODES]:
+        decoded = _decode_object(text, start)
+        if decoded and _covers(start, decoded[1], terminators, later):
+            yield decoded[0]
 
 
-def _covers(start: int, end: int, terminators: list[int]) -> bool:
-    """A terminator after the cut but outside the object means the object sat inside the analysis."""
-    return not terminators or (start <= terminators[0] and terminators[-1] + len(_TERMINATOR) <= end)
+def _covers(start: int, end: int, terminators: list[int], first: int) -> bool:
+    """A terminator after the cut (`terminators[first:]`) but outside the object means the object sat inside the
+    analysis."""
+    return first == len(terminators) or (start <= terminators[first] and terminators[-1] + len(_TERMINATOR) <= end)
 
 
 def _object_start(text: str, position: int) -> int | None:
     """Where an object opens at `position`, allowing only whitespace before its brace."""
     while position < len(text) and text[position].isspace():
         position += 1
-    return position if text.startswith("{", position) else None
+    return position if _OBJECT_OPENING.match(text, position) else None
 
 
 def _decode_object(text: str, start: int) -> tuple[dict[str, Any], int] | None:

@@ -1,4 +1,4 @@
-"""The benchmark suite runs end to end: `python -m bench --quick --only small,stream` prints its table."""
+"""The benchmarks run end to end: `bench --quick --only small,stream` and `bench.summary_parse` print tables."""
 
 from __future__ import annotations
 
@@ -47,3 +47,15 @@ def test_quick_run_prints_a_table_of_numbers() -> None:
         assert (cells["direct"] != "—") == (label in ABSOLUTE_ROWS), (label, cells)
     assert float(rows["small c=32 throughput (req/s)"]["proxy on"]) > 0
     assert float(rows["stream c=1 time to first byte p50 (ms)"]["proxy on"]) > 0
+
+
+def test_the_summary_parse_benchmark_prints_a_time_per_shape_and_size() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.summary_parse", "--sizes", "2000,4000", "--repeats", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = table(done.stdout)
+    assert set(rows) == {"broken fences", "terminators", "terminator, fence, empty object", "unterminated lists",
+                         "legitimate summary"}
+    for cells in rows.values():
+        assert [float(cells[size].removesuffix(" ms")) >= 0 for size in ("2 KB", "4 KB")] == [True, True]
+        assert cells["last step"].endswith("x")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.summary import FileNote, StructuredSummary, code_fence, summary_text
+from proxy.summary import MAX_DECODES, FileNote, StructuredSummary, code_fence, summary_text
 from proxy.templates import Templates
 
 
@@ -115,6 +115,16 @@ PARSE_CASES = [
     pytest.param("<analysis>a</analysis>" + "```json {" * 2_000, None, id="many-unclosed-fences"),
     pytest.param("</analysis>```json {}" * 1_000, None, id="many-terminators-and-empty-objects"),
     pytest.param("<analysis>only notes</analysis>", None, id="analysis-only"),
+    # Every failed decode costs time in proportion to its position, so at most MAX_DECODES candidates are tried:
+    # the last fence is tried first, however many come before it; past the limit the raw text is used.
+    pytest.param("<analysis>a</analysis>" + "```json {\"a\" " * 5_000 + fenced({"user_intent": ["last of many"]}),
+                 {"user_intent": ("last of many",)}, id="summary-after-thousands-of-broken-fences"),
+    pytest.param("</analysis>" * 3_000 + fenced({"user_intent": ["after the terminators"]}),
+                 {"user_intent": ("after the terminators",)}, id="summary-after-thousands-of-terminators"),
+    pytest.param("<analysis>a</analysis>" + fenced({"user_intent": ["first"]}) + "```json {}" * (MAX_DECODES - 1),
+                 {"user_intent": ("first",)}, id="summary-within-the-decode-limit"),
+    pytest.param("<analysis>a</analysis>" + fenced({"user_intent": ["first"]}) + "```json {}" * MAX_DECODES,
+                 None, id="summary-past-the-decode-limit"),
 ]
 
 
