@@ -24,6 +24,7 @@ from bench.fidelity_arms import (
     NaiveSummary,
     TimedRecorder,
     probe_record,
+    run_shape,
     split_exchanges,
     summary_record,
     tail_budget,
@@ -254,7 +255,7 @@ def header(options: argparse.Namespace, model: str) -> dict[str, Any]:
 def report(head: dict[str, Any], replicates: list[dict[str, Any]]) -> list[str]:
     lines = [f"# Fidelity benchmark {head['date']}", f"machine: {head['machine']}",
              f"model: {head['model']} ({head['upstream']}); window {head['window']}; "
-             f"facts planted {head.get('shape', 'spread')}; layout {head['layout']}; "
+             f"facts planted {run_shape(head)}; layout {head['layout']}; "
              f"{head['replicates']} replicate(s), seeds {head['seeds']}; cycles {head['cycles']}; "
              f"proxy config overrides {json.dumps(head['proxy_config'])}"]
     probes = [p for r in replicates for p in r["probes"]]

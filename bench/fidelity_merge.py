@@ -30,8 +30,9 @@ def merge(runs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> tuple[dict
     if not runs:
         raise MergeError("no runs to merge")
     first = runs[0]["header"]
+    expected = setup(first)
     for name, run in zip(names, runs, strict=True):
-        if differs := [key for key, value in setup(run["header"]).items() if value != setup(first)[key]]:
+        if differs := [key for key, value in setup(run["header"]).items() if value != expected[key]]:
             raise MergeError(f"{name} is another setup ({', '.join(differs)} differ from {names[0]})")
     replicates = [copy.deepcopy(replicate) for run in runs for replicate in run["replicates"]]
     if len(seeds := [replicate["seed"] for replicate in replicates]) != len(set(seeds)):
