@@ -23,7 +23,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.processes import free_port
 from bench.soak_load import MIB, SERVER_LIMITS, Load, Tally, gzip_bomb, warm_up, worker_tasks
 from bench.soak_report import Report, check, render
 from bench.soak_upstream import WINDOW, Upstream, forget_periodically, serve_upstream
@@ -47,13 +47,6 @@ MAX_SECONDS = 600
 STORE = {"kind": "memory", "max_entries": 100, "max_bytes": MIB}
 IDLE_PROBE_SECONDS = 3.0
 SETTLE_SECONDS = 15.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def server_limits() -> tuple[dict[str, Any], list[str]]:
