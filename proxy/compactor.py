@@ -34,7 +34,8 @@ from proxy.tokens import TokenCounter
 log = logging.getLogger("proxy.compaction")
 
 # (summariser model name, client headers, output token limit) -> a model to call
-ModelFactory = Callable[[str, Mapping[str, str], int], ChatModel]
+# (model, the caller's headers, the summary's output cap, the part of that cap which must fit whole)
+ModelFactory = Callable[[str, Mapping[str, str], int, int], ChatModel]
 # The smallest summary ask a backed-off retry may shrink to.
 MIN_RETRY_SUMMARY_TOKENS = 128
 
@@ -229,18 +230,20 @@ class Compactor:
     async def _fitting_summary(self, job: _Job) -> tuple[Summary, list[Message], int]:
         """The summary, the replacement it makes and that replacement's tokens; SummarizerError when none fits."""
         config = self._settings.compaction.summarizer
-        summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens),
+        whole = budget.whole_summary_tokens(job.limits, job.summary_tokens)
+        summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens, whole),
                                   list(job.plan.to_summarise), self._templates, counter=self._counter,
                                   max_calls=config.max_calls, deadline=config.timeout, prefix=job.prefix)
         messages, tokens_after = self._replacement(job, summary)
         if config.evidence and (completed := await self._with_evidence(job, summary, tokens_after)) is not summary:
             summary = completed
             messages, tokens_after = self._replacement(job, summary)
-        if job.room_beside_tail(tokens_after) < 0 and self._counter.count_text(summary.text) > job.summary_tokens:
+        asked = job.own_tokens(job.summary_tokens)  # the ask is in the upstream's tokens, the text in ours
+        if job.room_beside_tail(tokens_after) < 0 and self._counter.count_text(summary.text) > asked:
             # Longer than asked (parts kept side by side, say) and, beside the recent turns, past the window: its
             # middle goes, so the conversation goes on rather than failing every turn from here; both ends, the
             # oldest facts and the latest, stay. (The plan sized the ask to fit beside the recent turns.)
-            shortened = elide_text(summary.text, job.summary_tokens, self._counter.count_text,
+            shortened = elide_text(summary.text, asked, self._counter.count_text,
                                    self._templates.elision_marker)
             summary = replace(summary, message={**summary.message, "content": shortened}, text=shortened,
                               structured=None, strategy=f"{summary.strategy}_elided")
@@ -267,7 +270,8 @@ class Compactor:
         # not be what pushes the retried request past the window). Context entries (files read, commands run)
         # get no share of the unused room: the next summary's input would pay for them.
         spare = job.own_tokens(job.room_beside_tail(tokens_as_written))
-        room = min(max(job.summary_tokens - count(summary.text), job.summary_tokens // 3), spare)
+        asked = job.own_tokens(job.summary_tokens)  # the plan's unit is the upstream's, `count` is ours
+        room = min(max(asked - count(summary.text), asked // 3), spare)
         unused = min(job.own_tokens(job.plan.room_at_goal(job.upstream_tokens(tokens_as_written))), spare)
         structured, added = complete(summary.structured, summary.text, evidence, room, count,
                                      exact_room=unused - room)

@@ -40,6 +40,10 @@ SETTING = re.compile(r"[A-Za-z_][\w.\-]*[ \t]?(?:=[ \t]?[^=\s]|:[ \t]\S).*")
 MAX_SETTINGS_OUTPUT = 4096  # characters: a longer output is not a settings file a summary could carry
 MAX_SETTINGS = 12       # lines kept from one output
 SETTINGS_LOOK = 2 * MAX_SETTINGS  # lines judged: a settings file shows what it is in its first lines
+# A test runner's tally (`1 failed, 6 passed in 3.41s`): quoted with the error, but a summary that kept the error
+# without it lost nothing, so it is not what decides whether the error is missing.
+TALLY = re.compile(r"[=\s]*\d+ (?:failed|passed|errors?|skipped|deselected|warnings?|xfailed|xpassed)\b"
+                   r"(?:, \d+ \w+)*(?: in [\d.]+ ?s)?[=\s]*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,7 @@ class _Item:
     details: tuple[str, ...] = ()   # a file's actions, oldest first
     code: str = ""                  # a file's settings, as read
     exact: bool = True              # a value a summary must not lose (not context: conclusions, runs, reads)
+    needed: tuple[str, ...] = ()    # the parts a summary must hold for the entry to be there (else its text)
 
     @property
     def detail(self) -> str:
@@ -190,15 +195,18 @@ def _items(evidence: Evidence) -> Iterator[_Item]:
     for text in reversed(evidence.user_messages):
         yield _Item("user_messages", text)
     newest = list(reversed(evidence.actions))
-    for action in newest:
-        if action.errors:
-            yield _Item("errors_and_fixes", f"{action.label}: " + " | ".join(action.errors))
+    failing = [action for action in newest if action.errors]
+    # The latest failure of each command comes before settings and changed files; its earlier runs after them.
+    latest = {action.label: action for action in reversed(failing)}
+    repeats = [action for action in failing if latest[action.label] is not action]
+    yield from (_error_item(action) for action in failing if latest[action.label] is action)
     done: set[str] = set()  # paths and commands an entry already stands for
     for action in newest:
         if action.settings and not action.errors and (key := action.path or action.label) not in done:
             yield _settings_item(action, newest)
             done.add(key)
     yield from _file_items(newest, writes=True, done=done)
+    yield from (_error_item(action) for action in repeats)
     for text in reversed(evidence.conclusions):
         yield _Item("problem_solving", text, exact=False)
     for action in newest:
@@ -206,6 +214,14 @@ def _items(evidence: Evidence) -> Iterator[_Item]:
             done.add(action.command)
             yield _Item("problem_solving", f"ran `{action.command}`", exact=False)
     yield from _file_items(newest, writes=False, done=done)
+
+
+def _error_item(action: Action) -> _Item:
+    """A failure as `label: line | line`; it is there when the summary holds what it ran and the lines that are
+    not a tally (all of them when all are)."""
+    telling = tuple(line for line in action.errors if not TALLY.fullmatch(line)) or action.errors
+    return _Item("errors_and_fixes", f"{action.label}: " + " | ".join(action.errors),
+                 needed=(action.command or action.label, *telling))
 
 
 def _settings_item(action: Action, newest: Sequence[Action]) -> _Item:
@@ -227,6 +243,8 @@ def _details(path: str, newest: Sequence[Action]) -> tuple[str, ...]:
 
 
 def _missing(item: _Item, have: str) -> bool:
+    if item.needed:
+        return any(normalised(part) not in have for part in item.needed)
     if item.field != "files":
         return normalised(item.text) not in have
     details = [part for part in item.details if " " in part]  # a bare tool name says nothing

@@ -34,11 +34,13 @@ class ModelClient:
     def __init__(self, upstream: Upstream, model: str, headers: Mapping[str, str], *, max_output_tokens: int,
                  context_window: int | None, timeout: float, estimate: Callable[[list[dict[str, Any]]], int],
                  output_field: str = "max_tokens", temperature: float | None = None,
-                 structured_output: Mode = "auto", formats: FormatMemory | None = None) -> None:
+                 structured_output: Mode = "auto", formats: FormatMemory | None = None,
+                 whole_output_tokens: int | None = None) -> None:
         self._upstream = upstream
         self.model = model
         self._headers = {**credential_headers(headers), "Content-Type": "application/json"}
         self.max_output_tokens = max_output_tokens
+        self._whole = whole_output_tokens  # the part of the ask that must fit; the rest gives way to the prompt
         self.context_window = context_window
         self._timeout = timeout
         self._output_field = output_field
@@ -53,7 +55,8 @@ class ModelClient:
 
     def output_limit(self, messages: list[dict[str, Any]]) -> int:
         """The output budget left once the prompt is in; servers reject prompt + max_tokens over the window."""
-        room = budget.summarizer_output_room(self.context_window, self._estimate(messages), self.max_output_tokens)
+        room = budget.summarizer_output_room(self.context_window, self._estimate(messages), self.max_output_tokens,
+                                             self._whole)
         if room is None:
             raise SummarizerOverflow("the summariser's prompt leaves no room for a summary")
         return room

@@ -293,7 +293,7 @@ def plan_compaction(messages: Sequence[Message], count: Count, limits: Limits, *
                         if role(messages[i]) == "assistant" and i not in synthetic), None)
     answer = answer_tokens if answer_tokens is not None else budget.expected_answer(limits, last_answer)
     allotment = budget.allot(limits, fixed=overhead + _fixed_tokens(messages, frame),
-                             growth=budget.next_turn_growth(last_input, answer))
+                             growth=budget.next_turn_growth(last_input, answer), carried=_carried_tokens(frame))
     cut = _extend_tail(messages, frame, allotment.tail_tokens)
     return _build(messages, frame, cut, allotment, overhead)
 
@@ -314,7 +314,14 @@ def _build(messages: Sequence[Message], frame: _Frame, cut: int, allotment: Allo
         head_tokens=sum(counts[:head_len]), span_tokens=span_tokens,
         kept_system_tokens=sum(counts[i] for i in system_at), kept_user_tokens=sum(counts[i] for i in users_at),
         tail_tokens=sum(counts[cut:]), allotment=allotment,
-        summary_tokens=budget.summary_ask(allotment, summarised), overhead=overhead)
+        summary_tokens=budget.summary_ask(allotment, summarised, _carried_tokens(frame, cut)), overhead=overhead)
+
+
+def _carried_tokens(frame: _Frame, end: int | None = None) -> int:
+    """Tokens of what the proxy wrote (an earlier summary, its fillers) before `end` (the current round): a new
+    summary carries them forward."""
+    stop = frame.minimum if end is None else end
+    return sum(frame.counts[i] for i in frame.synthetic if frame.head_len <= i < stop)
 
 
 def last_input_tokens(messages: Sequence[Message], counts: Sequence[int]) -> int:

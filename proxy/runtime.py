@@ -137,9 +137,9 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
     windows = ContextWindows(settings, {"chat": WindowSource.of(shared.session, upstream),
                                         "summarizer": WindowSource.of(shared.session, summarizer_upstream)})
 
-    def summarizer_model(name: str, headers: Mapping[str, str], max_tokens: int) -> ModelClient:
+    def summarizer_model(name: str, headers: Mapping[str, str], max_tokens: int, whole_tokens: int) -> ModelClient:
         return ModelClient(
-            summarizer_upstream, name, headers, max_output_tokens=max_tokens,
+            summarizer_upstream, name, headers, max_output_tokens=max_tokens, whole_output_tokens=whole_tokens,
             context_window=windows.window(name, "summarizer"), timeout=summarizer_config.timeout,
             output_field=summarizer_config.output_limit_field, temperature=summarizer_config.temperature,
             structured_output=summarizer_config.structured_output,

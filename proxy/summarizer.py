@@ -4,7 +4,7 @@ removal ladder on overflow, then chunk-and-merge."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType
@@ -149,17 +149,37 @@ class _Run:
 
     async def ask(self, transcript: str, instruction: str) -> str:
         """One transcript-layout request (no tools); the reply text once it is accepted as a summary."""
-        system = self.templates.compaction_prompt(transcript, window=self.window, limit=self.limit)
-        return await self._send(system, [{"role": "user", "content": instruction}])
+        def build(limit: int | None) -> list[Message]:
+            return [{"role": "system", "content": self.templates.compaction_prompt(transcript, window=self.window,
+                                                                                   limit=limit)},
+                    {"role": "user", "content": instruction}]
+        sent = self._stating_its_limit(build)
+        return await self._send(str(sent[0]["content"]), sent[1:])
 
     async def ask_after(self, prefix: ConversationPrefix) -> str:
         """One prefix-layout request: the conversation's messages as they were sent, then the instruction."""
         messages = list(prefix.messages)
         if messages and is_user(messages[-1]) and prefix.acknowledgement:
             messages.append({"role": "assistant", "content": prefix.acknowledgement})  # roles keep alternating
-        messages.append({"role": "user", "content": self.templates.compaction_request(window=self.window,
-                                                                                      limit=self.limit)})
-        return await self._send(None, messages, prefix.tools)
+
+        def build(limit: int | None) -> list[Message]:
+            return [*messages, {"role": "user", "content": self.templates.compaction_request(window=self.window,
+                                                                                             limit=limit)}]
+        return await self._send(None, self._stating_its_limit(build), prefix.tools)
+
+    def _stating_its_limit(self, build: Callable[[int | None], list[Message]]) -> list[Message]:
+        """The request built to state the output it will get: the ask, or less when its prompt leaves less (an
+        ask beyond the part that must fit whole gives way, before the input loses anything). A model told more
+        than it gets runs past its limit and is cut off."""
+        sent = build(self.limit)
+        fit = getattr(self.model, "output_limit", None)
+        if not (self.limit and callable(fit)):
+            return sent
+        try:
+            actual = fit(sent)
+        except SummarizerOverflow:
+            return sent  # sending it reports the overflow, as for any request
+        return build(actual) if isinstance(actual, int) and 0 < actual < self.limit else sent
 
     async def _send(self, system: str | None, messages: list[Message], tools: Any = None) -> str:
         try:

@@ -63,6 +63,35 @@ def test_allotment_for_a_few_windows(window: int, reserve: int, fixed: int, grow
 
 
 @pytest.mark.parametrize(
+    # An earlier summary of `carried` tokens raises the summary's floor to hold it and half a floor more (at most a
+    # fifth of the window), taken from the tail's share; without one, the allotment is as above.
+    ("window", "fixed", "carried", "expected"),
+    [
+        (3072, 400, 0, {"summary_tokens": 307, "tail_tokens": 647}),
+        (3072, 400, 100, {"summary_tokens": 307, "tail_tokens": 647}),
+        (3072, 400, 450, {"summary_tokens": 603, "tail_tokens": 351}),
+        (3072, 400, 2000, {"summary_tokens": 614, "tail_tokens": 340}),
+        (3072, 1300, 450, {"summary_tokens": 307, "tail_tokens": 0}),  # no room beyond the floor: the floor
+        (128000, 5000, 9000, {"summary_tokens": 4096, "tail_tokens": 32000}),
+    ],
+)
+def test_an_earlier_summary_raises_the_floor(window: int, fixed: int, carried: int, expected: dict[str, int]) -> None:
+    allotment = budget.allot(limits(window, 32), fixed=fixed, growth=150, carried=carried)
+    assert {key: getattr(allotment, key) for key in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("span", "carried", "allotted", "ask"),
+    [(1000, 0, 4096, 500), (1000, 400, 4096, 700), (1000, 400, 600, 600), (1000, 5000, 4096, 1000),
+     (300, 300, 4096, 300), (100, 50, 4096, MIN_SUMMARY_TOKENS), (1000, -5, 4096, 500)],
+)
+def test_summary_ask_carries_an_earlier_summary_whole(span: int, carried: int, allotted: int, ask: int) -> None:
+    allotment = budget.Allotment(goal=0, fixed=0, summary_tokens=allotted, tail_tokens=0, instruction_tokens=0,
+                                 growth=0)
+    assert budget.summary_ask(allotment, span, carried) == ask
+
+
+@pytest.mark.parametrize(
     ("span", "allotted", "ask"),
     [(100, 1000, MIN_SUMMARY_TOKENS), (1000, 4096, 500), (10_000, 1200, 1200), (10_000, 100, MIN_SUMMARY_TOKENS)],
 )
@@ -90,6 +119,23 @@ def test_worth_summarizing(span: int, ask: int, fillers: int, worth: bool) -> No
 )
 def test_summarizer_output_room(window: int | None, prompt: int, max_output: int, room: int | None) -> None:
     assert budget.summarizer_output_room(window, prompt, max_output) == room
+
+
+@pytest.mark.parametrize(
+    # An ask whose `whole` part is smaller gives way to the prompt down to that part (room: 3072 - prompt - 169).
+    ("prompt", "max_output", "whole", "room"),
+    [(2300, 768, None, None), (2300, 768, 307, 603), (2596, 768, 307, 307), (2597, 768, 307, None),
+     (1000, 768, 307, 768), (2300, 500, 1000, 500), (2500, 500, 1000, None), (2800, 768, 50, None)],
+)
+def test_only_the_whole_part_of_an_ask_must_fit(prompt: int, max_output: int, whole: int | None,
+                                                room: int | None) -> None:
+    assert budget.summarizer_output_room(3072, prompt, max_output, whole) == room
+
+
+@pytest.mark.parametrize(("window", "ask", "whole"), [(3072, 603, 307), (3072, 200, 200), (1024, 600, 256),
+                                                      (128000, 4096, 4096), (128000, 9000, 9000)])
+def test_the_whole_part_of_an_ask_is_the_ordinary_floor(window: int, ask: int, whole: int) -> None:
+    assert budget.whole_summary_tokens(limits(window), ask) == whole
 
 
 @pytest.mark.parametrize(

@@ -534,7 +534,7 @@ async def test_a_summary_of_any_length_leaves_a_compacted_request_inside_the_win
 
 async def test_with_room_the_evidence_is_added(model: WindowedModel, fake: FakeUpstream,
                                                make_proxy: ProxyFactory) -> None:
-    quoted, _ = await compacted_with("FACT-0 " + "word " * 200, True, model, fake, make_proxy)
+    quoted, _ = await compacted_with("FACT-0 " + "word " * 100, True, model, fake, make_proxy)
     summary = next(m["content"] for m in model.chat_calls[-1].body["messages"] if "FACT-0 word" in str(m["content"]))
     assert quoted == "proactive" and "checksum mismatch in shard 77" in summary
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.evidence import ERROR_WORD, Evidence, _error_lines, _settings, complete, gather, normalised
+from proxy.evidence import ERROR_WORD, TALLY, Evidence, _error_lines, _settings, complete, gather, normalised
 from proxy.summary import FileNote, StructuredSummary
 from proxy.tokens import TokenCounter
 
@@ -122,6 +122,61 @@ def test_complete_ranks_within_its_room() -> None:
     nothing, none = complete(None, "", evidence, 0, COUNTER.count_text)
     assert none == 0 and nothing == StructuredSummary()
     assert complete(None, "", Evidence(), 1000, COUNTER.count_text) == (StructuredSummary(), 0)
+
+
+@pytest.mark.parametrize(("line", "tally"), [
+    ("1 failed, 6 passed in 3.41s", True),
+    ("============ 4 passed in 2.57s ============", True),
+    ("=== 2 failed, 1 error in 0.30 s ===", True),
+    ("3 passed, 1 skipped, 2 warnings", True),
+    ("1 failed", True),
+    (ERROR, False),
+    ("tests/payments/test_x.py::test_batch FAILED", False),
+    ("FAILED tests/a.py::test_b - AssertionError: 1 failed", False),
+    ("error: 1 failed to compile", False),
+])
+def test_tally_lines(line: str, tally: bool) -> None:
+    assert bool(TALLY.fullmatch(line)) is tally
+
+
+@pytest.mark.parametrize(("summary_text", "added"), [
+    pytest.param(f"`pytest tests/payments -q` failed: {ERROR}; tests/payments/test_x.py::test_batch FAILED", 0,
+                 id="the error without its tally is there"),
+    pytest.param(f"tests/payments/test_x.py::test_batch FAILED {ERROR}", 1, id="the command is missing"),
+    pytest.param("`pytest tests/payments -q` failed: tests/payments/test_x.py::test_batch FAILED", 1,
+                 id="the error line is missing"),
+])
+def test_an_error_is_missing_when_its_command_or_error_lines_are(summary_text: str, added: int) -> None:
+    _, count = complete(None, summary_text, gather(HISTORY[1:3]), 1000, COUNTER.count_text)
+    assert count == added
+
+
+def test_a_tally_alone_is_what_must_be_there() -> None:
+    history = [call("c1", "run_command", {"command": "pytest -k shard --maxfail=1"}),
+               result("c1", "1 failed, 0 passed in 0.88s")]
+    _, with_tally = complete(None, "ran `pytest -k shard --maxfail=1`: 1 failed, 0 passed in 0.88s",
+                             gather(history), 1000, COUNTER.count_text)
+    _, without = complete(None, "ran `pytest -k shard --maxfail=1`", gather(history), 1000, COUNTER.count_text)
+    assert (with_tally, without) == (0, 1)
+
+
+def test_an_earlier_failure_of_the_same_command_ranks_after_the_settings_and_files_changed() -> None:
+    other = "E   ReconcileError: E2001: ledger drift of 140 cents"
+    history = [call("c0", "run_command", {"command": "pytest tests/payments -q"}), result("c0", other),
+               call("c2", "read_file", {"path": "config/ledger.env"}), result("c2", ENV_FILE),
+               call("c3", "edit_file", {"path": "migrations/0042_add_index.sql", "content": "CREATE INDEX"}),
+               result("c3", "file written"),
+               *HISTORY[1:3]]
+    merged, _ = complete(None, "", gather(history), 1000, COUNTER.count_text)
+    assert [entry.split(": ", 1)[0] for entry in merged.errors_and_fixes] == ["`pytest tests/payments -q`"] * 2
+    assert ERROR in merged.errors_and_fixes[0] and other in merged.errors_and_fixes[1], "the latest run first"
+    # Room for the latest failure, the settings read and the file changed, not the earlier run as well.
+    room = sum(COUNTER.count_text(part) + 8 for part in (merged.errors_and_fixes[0], ENV_FILE,
+                                                         "config/ledger.env read_file", "migrations/0042_add_index.sql"
+                                                         " edit_file content=CREATE INDEX"))
+    tight, _ = complete(None, "", gather(history), room, COUNTER.count_text)
+    assert [note.path for note in tight.files] == ["config/ledger.env", "migrations/0042_add_index.sql"]
+    assert len(tight.errors_and_fixes) == 1 and ERROR in tight.errors_and_fixes[0]
 
 
 def test_a_summary_quoting_with_other_spacing_and_case_counts_as_quoted() -> None:

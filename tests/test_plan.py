@@ -137,6 +137,25 @@ def test_synthetic_messages_are_never_kept_as_instructions() -> None:
     assert list(plan.kept_users) == [messages[2]]
 
 
+@pytest.mark.parametrize(("summary_tokens", "ask", "tail_messages"), [
+    (20, 307, 26),    # a small earlier summary: the usual floor (10 % of the window), the tail its share
+    (400, 583, 26),   # carried whole (with its filler), and half a floor more, out of what the tail left
+    (900, 614, 26),   # at most a fifth of the window
+])
+def test_an_earlier_summary_in_the_span_is_asked_for_whole(summary_tokens: int, ask: int, tail_messages: int) -> None:
+    messages = [SUMMARY, NOTE, *build("U " + "C:x T:x " * 40)]
+
+    def count(message: Message) -> int:
+        return summary_tokens if message is SUMMARY else 30
+
+    plan = plan_compaction(messages, count, Limits(window=3072, threshold=0.8, target=0.5, reserve=32),
+                           synthetic=frozenset({0, 1}))
+    assert plan is not None and SUMMARY in plan.to_summarise
+    assert (plan.summary_tokens, len(plan.tail)) == (ask, tail_messages)
+    without = plan_compaction(messages, count, Limits(window=3072, threshold=0.8, target=0.5, reserve=32))
+    assert without is not None and without.summary_tokens == max(256, min(307, without.span_tokens // 2))
+
+
 def test_token_figures() -> None:
     messages = build("S U A D U A U C:x T:x")
     plan = plan_compaction(messages, lambda m: len(m["role"]), limits())

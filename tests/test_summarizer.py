@@ -537,6 +537,41 @@ async def test_a_prefix_that_overflows_falls_back_to_the_transcript(templates: T
     assert first is None and second == templates.compaction_prompt(format_transcript(history)) and tools is None
 
 
+class FittedModel(PrefixModel):
+    """A model whose client reports the output a request gets (as proxy.model_client does)."""
+
+    context_window = 3072
+    max_output_tokens = 800
+
+    def __init__(self, room: int | Exception) -> None:
+        super().__init__()
+        self.room = room
+        self.measured: list[list[Message]] = []
+
+    def output_limit(self, messages: list[Message]) -> int:
+        self.measured.append(messages)
+        if isinstance(self.room, Exception):
+            raise self.room
+        return self.room
+
+
+@pytest.mark.parametrize(("room", "stated"), [(500, 500), (800, 800), (1200, 800),
+                                              (SummarizerOverflow("no room"), 800)])
+@pytest.mark.parametrize("layout", ["prefix", "transcript"])
+async def test_the_prompt_states_the_output_the_request_gets(templates: Templates, layout: str,
+                                                             room: int | Exception, stated: int) -> None:
+    # An ask beyond the part that must fit whole gives way to a long prompt; a model told 800 tokens and given
+    # 500 runs past its limit and is cut off, so the prompt states what the request gets.
+    history = tool_history(3, result_size=20)
+    model = FittedModel(room)
+    prefix = ConversationPrefix(({"role": "system", "content": "s"}, *history), TOOLS) if layout == "prefix" else None
+    await summarize(model, history, templates, prefix=prefix)
+    [(system, messages, _)] = model.calls
+    sent = system if system is not None else str(messages[-1]["content"])
+    assert f"fit in {stated} tokens" in sent
+    assert "fit in 800 tokens" in json.dumps(model.measured[0]), "measured as first built, with the ask"
+
+
 async def test_the_prompt_is_the_short_form_on_a_small_window(templates: Templates) -> None:
     model = ScriptedModel(context_window=1024)
     await summarize(model, chat(4), templates)
