@@ -43,10 +43,10 @@ from tests.e2e_real.model_server import (
     REPO_ROOT,
     LlamaServer,
     find_llama_python,
-    free_port,
     server_command,
     wait_until_ready,
 )
+from tests.ports import free_port
 
 MODELS = {"qwen-1.5b": "qwen-1.5b", "qwen-0.5b": "qwen-0.5b", "smollm2": "smollm2-135m"}
 LOG_DIR = REPO_ROOT / ".cache" / "logs"

@@ -6,7 +6,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from bench.processes import Child, answers, free_port, spawn, wait_until
+from bench.processes import Child, answers, spawn, wait_until
+from tests.ports import free_port
 
 CONFIG = """\
 daemon off;

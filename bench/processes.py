@@ -6,7 +6,6 @@ import ctypes
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,12 +44,6 @@ class Child:
 
     def alive(self) -> bool:
         return self.process.poll() is None
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def raise_open_files() -> None:

@@ -35,12 +35,12 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.processes import free_port
 from bench.soak_load import MIB, SERVER_LIMITS, Load, Tally, gzip_bomb, warm_up, worker_tasks
 from bench.soak_report import Report, check, render
 from bench.soak_upstream import WINDOW, Upstream, forget_periodically, serve_upstream
 from bench.soak_watch import Samples, probe_health, proc_status, sample_resources, settle_fds
 from proxy.config import ServerConfig
+from tests.ports import free_port
 
 MAX_SECONDS = 600
 # A small store bound, so the store is full within the first third and its growth does not read as a leak.

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from bench.machine import commit
 from bench.nginx import start_nginx
-from bench.processes import Child, cpu_seconds, free_port, rss_bytes, start_proxy, start_upstream, stop, wait_proxy
+from bench.processes import Child, cpu_seconds, rss_bytes, start_proxy, start_upstream, stop, wait_proxy
+from tests.ports import free_port
 
 # Context windows by model (each shape of request has its own model): 128k for the small requests, room for the
 # ~95k-token history without compaction, and a window the same history passes 0.8 of, so it compacts.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -15,11 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.ports import free_port
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -13,15 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
+
 READY_TIMEOUT_SECONDS = 10.0
 PASSWORD = "s3cret-Pa55word"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def redis_binary() -> str:

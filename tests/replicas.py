@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.redis_server import free_port
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_SECONDS = 20.0  # interpreter start, imports and the tiktoken encoding, on two shared cores

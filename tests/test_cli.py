@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -19,6 +18,7 @@ import pytest
 from proxy import __version__
 from proxy.cli import loop_factory, main
 from tests.fakes.openai_upstream import FakeUpstream
+from tests.ports import free_port
 from tests.sdk import async_client
 
 REPO = Path(__file__).resolve().parent.parent
@@ -124,12 +124,6 @@ def test_console_script_check_config(tmp_path: Path, text: str, code: int, strea
     assert result.returncode == code, result.stderr
     assert expected in getattr(result, stream)
     assert ENV_SECRET not in result.stdout + result.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def wait_until_healthy(base: str, process: asyncio.subprocess.Process, log: Path) -> None:

@@ -27,8 +27,9 @@ from proxy.upstream import request_headers
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
+from tests.ports import free_port
 from tests.sdk import async_client
-from tests.test_cli import free_port, wait_until_healthy, write
+from tests.test_cli import wait_until_healthy, write
 from tests.test_compaction_e2e import WINDOW, big_history, compaction_config
 
 REPO = Path(__file__).resolve().parent.parent

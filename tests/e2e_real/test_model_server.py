@@ -21,13 +21,13 @@ from tests.e2e_real.model_server import (
     ModelServerError,
     Perf,
     find_llama_python,
-    free_port,
     locate_model,
     parse_perf,
     render_chat_prompt,
     server_command,
     wait_until_ready,
 )
+from tests.ports import free_port
 
 pytestmark = pytest.mark.real_model
 
