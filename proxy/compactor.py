@@ -33,8 +33,7 @@ from proxy.tokens import TokenCounter
 
 log = logging.getLogger("proxy.compaction")
 
-# (summariser model name, client headers, output token limit) -> a model to call
-# (model, the caller's headers, the summary's output cap, the part of that cap which must fit whole)
+# (summariser model name, client headers, output token limit, the part of it that must fit whole) -> a model to call
 ModelFactory = Callable[[str, Mapping[str, str], int, int], ChatModel]
 # The smallest summary ask a backed-off retry may shrink to.
 MIN_RETRY_SUMMARY_TOKENS = 128
@@ -238,12 +237,11 @@ class Compactor:
         if config.evidence and (completed := await self._with_evidence(job, summary, tokens_after)) is not summary:
             summary = completed
             messages, tokens_after = self._replacement(job, summary)
-        asked = job.own_tokens(job.summary_tokens)  # the ask is in the upstream's tokens, the text in ours
-        if job.room_beside_tail(tokens_after) < 0 and self._counter.count_text(summary.text) > asked:
+        if job.room_beside_tail(tokens_after) < 0 and self._counter.count_text(summary.text) > job.own_ask:
             # Longer than asked (parts kept side by side, say) and, beside the recent turns, past the window: its
             # middle goes, so the conversation goes on rather than failing every turn from here; both ends, the
             # oldest facts and the latest, stay. (The plan sized the ask to fit beside the recent turns.)
-            shortened = elide_text(summary.text, asked, self._counter.count_text,
+            shortened = elide_text(summary.text, job.own_ask, self._counter.count_text,
                                    self._templates.elision_marker)
             summary = replace(summary, message={**summary.message, "content": shortened}, text=shortened,
                               structured=None, strategy=f"{summary.strategy}_elided")
@@ -270,8 +268,7 @@ class Compactor:
         # not be what pushes the retried request past the window). Context entries (files read, commands run)
         # get no share of the unused room: the next summary's input would pay for them.
         spare = job.own_tokens(job.room_beside_tail(tokens_as_written))
-        asked = job.own_tokens(job.summary_tokens)  # the plan's unit is the upstream's, `count` is ours
-        room = min(max(asked - count(summary.text), asked // 3), spare)
+        room = min(max(job.own_ask - count(summary.text), job.own_ask // 3), spare)
         unused = min(job.own_tokens(job.plan.room_at_goal(job.upstream_tokens(tokens_as_written))), spare)
         structured, added = complete(summary.structured, summary.text, evidence, room, count,
                                      exact_room=unused - room)
@@ -345,6 +342,11 @@ class _Job:
 
     def own_tokens(self, upstream_tokens: int) -> int:
         return math.floor(upstream_tokens / self.ratio)
+
+    @property
+    def own_ask(self) -> int:
+        """The summary's ask in our own count, the unit of the summary's text (the plan's is the upstream's)."""
+        return self.own_tokens(self.summary_tokens)
 
     def room_beside_tail(self, replacement_tokens: int) -> int:
         """The window's room (the upstream's tokens) once a replacement of `replacement_tokens` (our count) and the
