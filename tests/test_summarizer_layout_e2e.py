@@ -16,6 +16,12 @@ from tests.sdk import async_client
 from tests.test_compaction_e2e import TOOLS, big_history, calibrated, compaction_config
 
 
+# A history past the proactive trigger by a round or two, where an agent's loop meets it: the prefix then fits
+# the summariser's window with the ask beside it. (At 20 rounds, 94 % of the window, it does not, and the
+# transcript is used instead: that case has its own test below.)
+ROUNDS = 17
+
+
 @pytest.fixture
 def model(fake: FakeUpstream) -> WindowedModel:
     windowed = WindowedModel(window=8192)
@@ -26,7 +32,7 @@ def model(fake: FakeUpstream) -> WindowedModel:
 async def compact_once(proxy_url: str, model: WindowedModel, **extra: Any) -> list[dict[str, Any]]:
     client = async_client(proxy_url)
     await calibrated(client, model)
-    raw = await client.chat.completions.with_raw_response.create(model="fake-small", messages=big_history(20),
+    raw = await client.chat.completions.with_raw_response.create(model="fake-small", messages=big_history(ROUNDS),
                                                                  **extra)
     assert raw.headers["x-compaction"] == "proactive"
     return [call.body for call in model.summarizer_calls]
@@ -36,7 +42,7 @@ async def test_by_default_the_summariser_request_is_the_conversations_own_prefix
         model: WindowedModel, make_proxy: ProxyFactory) -> None:
     proxy = await make_proxy(compaction_config(background=False))
     [request] = await compact_once(proxy.url, model, tools=TOOLS)
-    history = big_history(20)
+    history = big_history(ROUNDS)
     messages = request["messages"]
     assert layout_of(messages) == "prefix"
     cut = len(messages) - 1
