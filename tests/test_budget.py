@@ -42,15 +42,16 @@ def test_no_proactive_trigger_when_threshold_is_off(threshold: float) -> None:
     # What the module decides for a few windows, the fixed part being head + current round (+ latest user).
     ("window", "reserve", "fixed", "growth", "expected"),
     [
-        # goal = target - reserve - growth; the summary's floor first (10 % of the window, at least 256, at most
+        # goal = target - reserve - growth; the summary's floor first (15 % of the window, at least 256, at most
         # the summariser's cap of 4096), then the tail (its share of the window), then earlier user messages, then
         # the summary gets the rest.
-        (4000, 1024, 400, 330, {"goal": 646, "tail_tokens": 0, "instruction_tokens": 0, "summary_tokens": 400}),
-        (3000, 1024, 120, 250, {"goal": 226, "tail_tokens": 0, "instruction_tokens": 0, "summary_tokens": 300}),
-        (3000, 256, 120, 250, {"goal": 994, "tail_tokens": 574, "instruction_tokens": 0, "summary_tokens": 300}),
-        (8192, 1024, 308, 369, {"goal": 2703, "tail_tokens": 1576, "instruction_tokens": 0, "summary_tokens": 819}),
+        (4000, 1024, 400, 330, {"goal": 646, "tail_tokens": 0, "instruction_tokens": 0, "summary_tokens": 600}),
+        (3000, 1024, 120, 250, {"goal": 226, "tail_tokens": 0, "instruction_tokens": 0, "summary_tokens": 450}),
+        (3000, 256, 120, 250, {"goal": 994, "tail_tokens": 424, "instruction_tokens": 0, "summary_tokens": 450}),
+        (8192, 1024, 308, 369, {"goal": 2703, "tail_tokens": 1167, "instruction_tokens": 0, "summary_tokens": 1228}),
+        # 15 % is 4,915: the cap holds the floor to 4,096, and earlier user messages get what the tail leaves.
         (32768, 1024, 2000, 800,
-         {"goal": 14560, "tail_tokens": 8192, "instruction_tokens": 1092, "summary_tokens": 3276}),
+         {"goal": 14560, "tail_tokens": 8192, "instruction_tokens": 272, "summary_tokens": 4096}),
         (128000, 4096, 5000, 2000,
          {"goal": 57904, "tail_tokens": 32000, "instruction_tokens": 12800, "summary_tokens": 4096}),
     ],
@@ -67,11 +68,11 @@ def test_allotment_for_a_few_windows(window: int, reserve: int, fixed: int, grow
     # fifth of the window), taken from the tail's share; without one, the allotment is as above.
     ("window", "fixed", "carried", "expected"),
     [
-        (3072, 400, 0, {"summary_tokens": 307, "tail_tokens": 647}),
-        (3072, 400, 100, {"summary_tokens": 307, "tail_tokens": 647}),
-        (3072, 400, 450, {"summary_tokens": 603, "tail_tokens": 351}),
-        (3072, 400, 2000, {"summary_tokens": 614, "tail_tokens": 340}),
-        (3072, 1300, 450, {"summary_tokens": 307, "tail_tokens": 0}),  # no room beyond the floor: the floor
+        (3072, 400, 0, {"summary_tokens": 460, "tail_tokens": 494}),
+        (3072, 400, 100, {"summary_tokens": 460, "tail_tokens": 494}),   # 100 + 230 is below the floor itself
+        (3072, 400, 300, {"summary_tokens": 530, "tail_tokens": 424}),
+        (3072, 400, 2000, {"summary_tokens": 614, "tail_tokens": 340}),  # a fifth of the window at most
+        (3072, 1300, 450, {"summary_tokens": 460, "tail_tokens": 0}),  # no room beyond the floor: the floor
         (128000, 5000, 9000, {"summary_tokens": 4096, "tail_tokens": 32000}),
     ],
 )
@@ -134,7 +135,7 @@ def test_only_the_whole_part_of_an_ask_must_fit(prompt: int, max_output: int, wh
 
 @pytest.mark.parametrize(("window", "ask", "whole"), [(3072, 603, 307), (3072, 200, 200), (1024, 600, 256),
                                                       (128000, 4096, 4096), (128000, 9000, 9000)])
-def test_the_whole_part_of_an_ask_is_the_ordinary_floor(window: int, ask: int, whole: int) -> None:
+def test_the_whole_part_of_an_ask_is_a_tenth_of_the_window(window: int, ask: int, whole: int) -> None:
     assert budget.whole_summary_tokens(limits(window), ask) == whole
 
 

@@ -138,8 +138,8 @@ def test_synthetic_messages_are_never_kept_as_instructions() -> None:
 
 
 @pytest.mark.parametrize(("summary_tokens", "ask", "tail_messages"), [
-    (20, 307, 26),    # a small earlier summary: the usual floor (10 % of the window), the tail its share
-    (400, 583, 26),   # carried whole (with its filler), and half a floor more, out of what the tail left
+    (20, 460, 26),    # a small earlier summary: the usual floor (15 % of the window), the tail its share
+    (300, 560, 26),   # carried whole (with its filler), and half a floor more, out of what the tail left
     (900, 614, 26),   # at most a fifth of the window
 ])
 def test_an_earlier_summary_in_the_span_is_asked_for_whole(summary_tokens: int, ask: int, tail_messages: int) -> None:
@@ -153,7 +153,7 @@ def test_an_earlier_summary_in_the_span_is_asked_for_whole(summary_tokens: int, 
     assert plan is not None and SUMMARY in plan.to_summarise
     assert (plan.summary_tokens, len(plan.tail)) == (ask, tail_messages)
     without = plan_compaction(messages, count, Limits(window=3072, threshold=0.8, target=0.5, reserve=32))
-    assert without is not None and without.summary_tokens == max(256, min(307, without.span_tokens // 2))
+    assert without is not None and without.summary_tokens == max(256, min(460, without.span_tokens // 2))
 
 
 def test_token_figures() -> None:
