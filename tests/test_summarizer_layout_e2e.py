@@ -17,7 +17,7 @@ from tests.test_compaction_e2e import TOOLS, big_history, calibrated, compaction
 
 # A history past the proactive trigger by a round or two, where an agent's loop meets it: the prefix then fits
 # the summariser's window with the ask beside it. (At 20 rounds, 94 % of the window, it does not, and the
-# transcript is used instead: that case has its own test below.)
+# summariser falls back to transcript chunks; the fallback from a prefix that does not fit has its own test below.)
 ROUNDS = 17
 
 
