@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -52,6 +53,15 @@ class ModelClient:
         self._key = (upstream.config.base_url, model)
         self._last_format: Format | None = None
         self._constrain_next = False
+
+    def limited(self, tokens: int) -> ModelClient:
+        """This client asking for at most `tokens` of output, for one part of a history summarised in parts; what
+        it learns of the upstream's formats is shared with this one."""
+        part = copy.copy(self)
+        part.max_output_tokens = min(tokens, self.max_output_tokens)
+        part._whole = min(tokens, self._whole) if self._whole is not None else None
+        part._last_format, part._constrain_next = None, False
+        return part
 
     def output_limit(self, messages: list[dict[str, Any]]) -> int:
         """The output budget left once the prompt is in; servers reject prompt + max_tokens over the window."""

@@ -4,7 +4,8 @@ removal ladder on overflow, then chunk-and-merge."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType
@@ -28,6 +29,9 @@ USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 PARTS_SEPARATOR = "\n\n"  # between partial summaries that could not be merged into one
 # A message shorter than this is not worth eliding: its overflow comes from the prompt, not from its text.
 MIN_ELIDABLE_TOKENS = 32
+# What one partial summary adds to a merge request besides its reply: its record in the transcript (~14 tokens)
+# and the rendering of its fields, which can come out a little longer than the JSON.
+RECORD_OVERHEAD_TOKENS = 20
 
 
 class SummarizerError(Exception):
@@ -46,8 +50,9 @@ class SummaryTruncated(SummarizerError):
 
 
 class ChatModel(Protocol):
-    """A chat model for summaries. It may also carry `context_window: int | None` to plan chunks by tokens, and
-    `reply_parsed(parsed: bool)`, told after each accepted reply whether it parsed as a structured summary."""
+    """A chat model for summaries. It may also carry `context_window: int | None` to plan chunks by tokens,
+    `reply_parsed(parsed: bool)`, told after each accepted reply whether it parsed as a structured summary, and
+    `limited(tokens: int) -> ChatModel`, the same model asked for at most `tokens` (each part of a history in parts)."""
 
     async def complete(self, system: str | None, messages: list[dict[str, Any]],
                        tools: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -166,6 +171,20 @@ class _Run:
             return [*messages, {"role": "user", "content": self.templates.compaction_request(window=self.window,
                                                                                              limit=limit)}]
         return await self._send(None, self._stating_its_limit(build), prefix.tools)
+
+    @contextmanager
+    def asking(self, tokens: int | None) -> Iterator[None]:
+        """Within the block, requests ask for at most `tokens` of output (None, or a model that cannot be limited:
+        its own ask)."""
+        limited = getattr(self.model, "limited", None)
+        if tokens is None or not callable(limited):
+            yield
+            return
+        whole, self.model = self.model, limited(tokens)
+        try:
+            yield
+        finally:
+            self.model = whole
 
     def _stating_its_limit(self, build: Callable[[int | None], list[Message]]) -> list[Message]:
         """The request built to state the output it will get: the ask, or less when its prompt leaves less (an
@@ -298,15 +317,33 @@ async def _summarize_in_chunks(run: _Run, history: list[Message]) -> str:
         return await _ask_eliding(run, history[0], run.templates.compaction_instruction(), depth=1,
                                   overflow=SummarizerOverflow("the only message overflowed"))
     records = [format_message_for_compacting(message) for message in history]
-    groups = await off_loop_if_large(sum(map(len, records)), run.token_groups, records,
-                                     run.templates.chunk_instruction(1, 2))
-    chunks = [history[group] for group in groups]
-    if len(chunks) < 2:  # the whole history just overflowed: resending it would only overflow again
-        chunks = list(_halves(history))
     partials: list[str] = []
-    for index, chunk in enumerate(chunks, start=1):
-        partials += await _summarize_part(run, chunk, index, len(chunks), depth=1)
+    # Parts that ask for less leave room for more history each, and their summaries fit one merge request.
+    with run.asking(_part_ask(run, len(await _groups(run, records)))):
+        chunks = [history[group] for group in await _groups(run, records)]
+        if len(chunks) < 2:  # the whole history just overflowed: resending it would only overflow again
+            chunks = list(_halves(history))
+        for index, chunk in enumerate(chunks, start=1):
+            partials += await _summarize_part(run, chunk, index, len(chunks), depth=1)
     return await _merge(run, partials)
+
+
+async def _groups(run: _Run, records: list[str]) -> list[slice]:
+    return await off_loop_if_large(sum(map(len, records)), run.token_groups, records,
+                                   run.templates.chunk_instruction(1, 2, window=run.window))
+
+
+def _part_ask(run: _Run, parts: int) -> int | None:
+    """The output each of `parts` partial summaries may ask for so that all of them fit one merge request (a merge
+    that overflows becomes a tree of merges, a request each); None when the summary's own ask already does."""
+    limit, window = run.limit, run.window
+    if parts < 2 or limit is None or window is None:
+        return None
+    room = run.input_room(run.templates.merge_instruction(parts, window=window))
+    if room is None:
+        return None
+    ask = max(budget.MIN_SUMMARIZER_OUTPUT, room // parts - RECORD_OVERHEAD_TOKENS)
+    return ask if ask < limit else None
 
 
 async def _summarize_part(run: _Run, chunk: list[Message], index: int, count: int, depth: int) -> list[str]:
@@ -316,7 +353,7 @@ async def _summarize_part(run: _Run, chunk: list[Message], index: int, count: in
     A truncated reply is not retried by splitting: the merged summary must hold at least as much as a part's,
     so a limit too small for a part would only fail again at the merge after many more calls.
     """
-    instruction = run.templates.chunk_instruction(index, count)
+    instruction = run.templates.chunk_instruction(index, count, window=run.window)
     if len(chunk) < 2:
         return [summary_text(await _ask_eliding(run, chunk[0], instruction, depth), run.templates)]
     try:
@@ -372,7 +409,7 @@ def _halves(items: list[Item]) -> tuple[list[Item], list[Item]]:
 async def _merge(run: _Run, partials: list[str]) -> str:
     """The raw reply merging `partials`; groups that do not fit are merged first (a tree), oldest first."""
     messages: list[Message] = [{"role": "user", "content": text} for text in partials]
-    instruction = run.templates.merge_instruction(len(partials))
+    instruction = run.templates.merge_instruction(len(partials), window=run.window)
     records = [format_message_for_compacting(message) for message in messages]
     groups = await off_loop_if_large(sum(map(len, records)), run.token_groups, records, instruction)
     if 1 < len(groups) < len(partials):

@@ -104,11 +104,13 @@ class Templates:
     def compaction_instruction(self) -> str:
         return self.render(COMPACTION_INSTRUCTION)
 
-    def merge_instruction(self, part_count: int) -> str:
-        return self.render(MERGE_INSTRUCTION, part_count=part_count)
+    def merge_instruction(self, part_count: int, *, window: int | None = None) -> str:
+        """The user message merging partial summaries; `window` (the summariser's) picks tiny or full."""
+        return self.render(MERGE_INSTRUCTION, part_count=part_count, window=window or 0)
 
-    def chunk_instruction(self, part_index: int, part_count: int) -> str:
-        return self.render(CHUNK_INSTRUCTION, part_index=part_index, part_count=part_count)
+    def chunk_instruction(self, part_index: int, part_count: int, *, window: int | None = None) -> str:
+        """The user message of one part's request; `window` (the summariser's) picks tiny or full."""
+        return self.render(CHUNK_INSTRUCTION, part_index=part_index, part_count=part_count, window=window or 0)
 
     def summary(self, fields: Mapping[str, Any]) -> str:
         return self.render(SUMMARY, **fields)

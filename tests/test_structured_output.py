@@ -229,6 +229,21 @@ async def test_auto_against_a_server_that_refuses_both_formats(summariser: Summa
     assert summariser.formats() == [None, None, "json_schema", "json_object", None, None]
 
 
+async def test_a_limited_client_asks_for_less_and_shares_what_it_learns(summariser: Summariser,
+                                                                       client: ClientFactory) -> None:
+    """The client of one part of a history in parts: its ask is capped, and the refusal it meets is known to the
+    client of the merge, which keeps its own ask."""
+    summariser.refusals = LLAMA_CPP_PYTHON
+    whole = client()
+    part = whole.limited(200)
+    for index in range(3):
+        await summarise(part, index)
+    await summarise(whole, 3)
+    assert summariser.formats() == [None, None, "json_schema", "json_object", "json_object"]
+    assert [body["max_tokens"] for body in summariser.seen] == [200, 200, 200, 200, 512]
+    assert (whole.max_output_tokens, part.max_output_tokens, whole.limited(4096).max_output_tokens) == (512, 200, 512)
+
+
 async def test_refusals_are_remembered_per_model(summariser: Summariser, client: ClientFactory) -> None:
     summariser.refusals = LLAMA_CPP_PYTHON
     for index in range(3):

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from proxy import budget
 from proxy.result_removal import REMOVED_TOOL_RESULT, removal_ladder
 from proxy.summarizer import (
     MAX_SPLIT_DEPTH,
@@ -103,14 +104,15 @@ class RaisingModel:
 
 
 def label(request: Request, templates: Templates) -> str:
-    """Which kind of request this was: the direct summary, part i/n of a chunked one, or a merge of k."""
+    """Which kind of request this was: the direct summary, part i/n of a chunked one, or a merge of k (in the
+    full form, or the tiny one of a window below 2,048 tokens)."""
     if request.instruction == templates.compaction_instruction():
         return "direct"
-    for count in range(1, 65):
-        if request.instruction == templates.merge_instruction(count):
+    for count, window in ((count, window) for count in range(1, 65) for window in (None, 1024)):
+        if request.instruction == templates.merge_instruction(count, window=window):
             return f"merge {count}"
         for index in range(1, count + 1):
-            if request.instruction == templates.chunk_instruction(index, count):
+            if request.instruction == templates.chunk_instruction(index, count, window=window):
                 return f"part {index}/{count}"
     raise AssertionError(f"unknown instruction: {request.instruction!r}")
 
@@ -226,6 +228,72 @@ def window_model(history: list[Message], templates: Templates, counter: TokenCou
         return counter.count_messages([{"role": "system", "content": request.system}, *request.messages]) > window
 
     return ScriptedModel(overflows=over_window, context_window=window, padding=padding)
+
+
+class WindowedModel:
+    """A summariser behind a server that enforces its window, as ModelClient sends to it: a request's output cap
+    is what its prompt leaves (up to the ask), a prompt that leaves less than the ask overflows before it is sent,
+    and the model writes `reply_tokens`, or its cap when that is less (it keeps to the limit it is told)."""
+
+    def __init__(self, counter: TokenCounter, *, window: int = 1024, ask: int = 256, reply_tokens: int = 170,
+                 sent: list[tuple[str, int]] | None = None) -> None:
+        self.context_window, self.max_output_tokens, self.reply_tokens = window, ask, reply_tokens
+        self.counter = counter
+        self.sent: list[tuple[str, int]] = [] if sent is None else sent  # (instruction, output cap), every part
+
+    def limited(self, tokens: int) -> WindowedModel:
+        return WindowedModel(self.counter, window=self.context_window, ask=min(tokens, self.max_output_tokens),
+                             reply_tokens=self.reply_tokens, sent=self.sent)
+
+    def output_limit(self, messages: list[Message]) -> int:
+        room = budget.summarizer_output_room(self.context_window, self.counter.count_messages(messages),
+                                             self.max_output_tokens)
+        if room is None:
+            raise SummarizerOverflow("the prompt leaves no room for the summary")
+        return room
+
+    async def complete(self, system: str, messages: list[Message]) -> tuple[Message, Any]:
+        request = Request(system, messages)
+        cap = self.output_limit([{"role": "system", "content": system}, *messages])
+        self.sent.append((request.instruction, cap))
+        fields = {"user_intent": markers(request.transcript)}
+        words = min(self.reply_tokens, cap) - self.counter.count_text(json.dumps(fields)) - 8
+        fields["problem_solving"] = [" ".join(["note"] * max(0, words))]
+        return {"role": "assistant", "content": f"```json\n{json.dumps(fields)}\n```", "finish_reason": "stop"}, {}
+
+
+def small_window_chat(turns: int = 6) -> list[Message]:
+    """The conversation of the n_ctx 1,024 test: ~150-token user turns, ~48-token replies, a fact in each."""
+    history: list[Message] = []
+    for index in range(turns):
+        history += [{"role": "user", "content": f"FACT-u{index} " + "detail " * 140},
+                    {"role": "assistant", "content": f"FACT-a{index} " + "answer " * 45}]
+    return history
+
+
+async def test_a_history_in_parts_at_a_1024_window_needs_one_merge(templates: Templates,
+                                                                    counter: TokenCounter) -> None:
+    """Measured on SmolLM2 at n_ctx 1024: a 965-token span took 11 summariser requests (80-92 s idle; past the
+    180 s deadline on a busy machine). Parts sized to the window and asking for their share of one merge: four."""
+    history = small_window_chat()
+    model = WindowedModel(counter)
+    summary = await summarize(model, history, templates, counter=counter)
+    labels = [label(Request("<transcript>\n\n</transcript>", [{"content": text}]), templates)
+              for text, _ in model.sent]
+    parts = [cap for (_, cap), text in zip(model.sent, labels, strict=True) if text.startswith("part ")]
+    assert len(model.sent) <= 4 and labels[-1].startswith("merge ") and len(labels) == len(parts) + 1, labels
+    assert max(parts) < 256 and model.sent[-1][1] == 256  # the merge keeps the summary's own ask
+    assert markers(summary.text) == [f"FACT-{kind}{index}" for index in range(6) for kind in "ua"]
+
+
+async def test_a_model_that_cannot_be_limited_still_summarises_in_parts(templates: Templates,
+                                                                         counter: TokenCounter) -> None:
+    class Unlimited(WindowedModel):
+        limited = None  # type: ignore[assignment]
+    model = Unlimited(counter)
+    summary = await summarize(model, small_window_chat(), templates, counter=counter)
+    assert all(cap == 256 for _, cap in model.sent) and len(model.sent) > 4
+    assert markers(summary.text) == [f"FACT-{kind}{index}" for index in range(6) for kind in "ua"]
 
 
 async def test_a_known_window_plans_chunks_by_tokens(templates: Templates, counter: TokenCounter) -> None:

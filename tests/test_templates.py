@@ -120,6 +120,37 @@ def test_the_compaction_prompt_fits_its_layout_and_window(layout: str, window: i
     assert not any(text in rendered for text in absent)
 
 
+@pytest.mark.parametrize("layout", ["transcript", "prefix"])
+def test_the_tiny_form_below_2048_tokens_asks_for_every_field_in_half_the_tokens(layout: str,
+                                                                                 templates: Templates) -> None:
+    counter = TokenCounter()
+
+    def render(window: int) -> str:
+        return templates.compaction_prompt("", window=window, limit=256) if layout == "transcript" else \
+            templates.compaction_request(window=window, limit=256)
+    tiny, short = render(1024), render(2048)
+    assert all(f'"{name}"' in tiny for name in FIELDS) and "Fit it in 256 tokens" in tiny
+    # At a 1,024-token window the short form's ~320 tokens cut the history into a part more per summary.
+    assert counter.count_text(tiny) <= 160 < counter.count_text(short)
+    assert render(1536) == tiny and render(3072) == short  # the short form (the fidelity table's) is untouched
+
+
+@pytest.mark.parametrize("window", [1024, 2047])
+def test_the_part_and_merge_instructions_have_a_tiny_form_below_2048_tokens(window: int,
+                                                                           templates: Templates) -> None:
+    counter = TokenCounter()
+    for tiny, full in ((templates.chunk_instruction(2, 5, window=window), templates.chunk_instruction(2, 5)),
+                       (templates.merge_instruction(7, window=window), templates.merge_instruction(7))):
+        assert counter.count_text(tiny) * 3 // 2 < counter.count_text(full)
+        assert "{#" not in tiny and "window" not in tiny
+    assert "part 2 of 5" in templates.chunk_instruction(2, 5, window=window)
+    assert "leave \"next_step\" out" in templates.chunk_instruction(2, 5, window=window)
+    assert "next_step" not in templates.chunk_instruction(5, 5, window=window)
+    assert "7 partial summaries" in templates.merge_instruction(7, window=window)
+    assert templates.chunk_instruction(2, 5, window=2048) == templates.chunk_instruction(2, 5)
+    assert templates.merge_instruction(7, window=2048) == templates.merge_instruction(7)
+
+
 def test_the_short_form_is_shorter_and_both_are_far_below_the_old_prompt(templates: Templates) -> None:
     counter = TokenCounter()
     full, short = (counter.count_text(templates.compaction_request(window=window)) for window in (0, 1024))
