@@ -236,14 +236,14 @@ class WindowedModel:
     and the model writes `reply_tokens`, or its cap when that is less (it keeps to the limit it is told)."""
 
     def __init__(self, counter: TokenCounter, *, window: int = 1024, ask: int = 256, reply_tokens: int = 170,
-                 sent: list[tuple[str, int]] | None = None) -> None:
+                 sent: list[tuple[str, int]] | None = None, keeps_to_limit: bool = True) -> None:
         self.context_window, self.max_output_tokens, self.reply_tokens = window, ask, reply_tokens
-        self.counter = counter
+        self.counter, self.keeps_to_limit = counter, keeps_to_limit
         self.sent: list[tuple[str, int]] = [] if sent is None else sent  # (instruction, output cap), every part
 
     def limited(self, tokens: int) -> WindowedModel:
         return WindowedModel(self.counter, window=self.context_window, ask=min(tokens, self.max_output_tokens),
-                             reply_tokens=self.reply_tokens, sent=self.sent)
+                             reply_tokens=self.reply_tokens, sent=self.sent, keeps_to_limit=self.keeps_to_limit)
 
     def output_limit(self, messages: list[Message]) -> int:
         room = budget.summarizer_output_room(self.context_window, self.counter.count_messages(messages),
@@ -259,7 +259,9 @@ class WindowedModel:
         fields = {"user_intent": markers(request.transcript)}
         words = min(self.reply_tokens, cap) - self.counter.count_text(json.dumps(fields)) - 8
         fields["problem_solving"] = [" ".join(["note"] * max(0, words))]
-        return {"role": "assistant", "content": f"```json\n{json.dumps(fields)}\n```", "finish_reason": "stop"}, {}
+        cut_off = not self.keeps_to_limit and self.reply_tokens > cap
+        return {"role": "assistant", "content": f"```json\n{json.dumps(fields)}\n```",
+                "finish_reason": "length" if cut_off else "stop"}, {}
 
 
 def small_window_chat(turns: int = 6) -> list[Message]:
@@ -284,6 +286,23 @@ async def test_a_history_in_parts_at_a_1024_window_needs_one_merge(templates: Te
     assert len(model.sent) <= 4 and labels[-1].startswith("merge ") and len(labels) == len(parts) + 1, labels
     assert max(parts) < 256 and model.sent[-1][1] == 256  # the merge keeps the summary's own ask
     assert markers(summary.text) == [f"FACT-{kind}{index}" for index in range(6) for kind in "ua"]
+
+
+async def test_a_part_cut_off_at_its_share_is_asked_again_with_the_summarys_own_ask(
+        templates: Templates, counter: TokenCounter) -> None:
+    """SmolLM2 at n_ctx 1024 ran past a part's share (a JSON reply cut off): that would fail the whole summary."""
+    model = WindowedModel(counter, reply_tokens=200, keeps_to_limit=False)
+    summary = await summarize(model, small_window_chat(), templates, counter=counter)
+    caps = [cap for _, cap in model.sent]
+    assert caps[0] < 200 and caps[1] == 256, "the part is cut off at its share, then asked again at the whole ask"
+    assert markers(summary.text) == [f"FACT-{kind}{index}" for index in range(6) for kind in "ua"]
+
+
+async def test_a_summary_cut_off_at_its_own_ask_still_fails(templates: Templates, counter: TokenCounter) -> None:
+    model = WindowedModel(counter, reply_tokens=400, keeps_to_limit=False)
+    with pytest.raises(SummaryTruncated):
+        await summarize(model, small_window_chat(), templates, counter=counter)
+    assert [cap for _, cap in model.sent][:2] == [model.sent[0][1], 256] and model.sent[0][1] < 256
 
 
 async def test_a_model_that_cannot_be_limited_still_summarises_in_parts(templates: Templates,
