@@ -215,7 +215,7 @@ async def run_through_proxy(fake: FakeUpstream, make_proxy: ProxyFactory, window
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("layout", ["transcript", "prefix"])
-@pytest.mark.parametrize("window", [1536, 4096])
+@pytest.mark.parametrize("window", [1024, 1536, 4096])
 async def test_every_planted_fact_reaches_the_summariser_or_stays_verbatim(fake: FakeUpstream,
                                                                            make_proxy: ProxyFactory,
                                                                            window: int, layout: str,

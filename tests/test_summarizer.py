@@ -105,7 +105,7 @@ class RaisingModel:
 
 def label(request: Request, templates: Templates) -> str:
     """Which kind of request this was: the direct summary, part i/n of a chunked one, or a merge of k (in the
-    full form, or the tiny one of a window below 2,048 tokens)."""
+    full form, or the tiny one of a window below 1,536 tokens)."""
     if request.instruction == templates.compaction_instruction():
         return "direct"
     for count, window in ((count, window) for count in range(1, 65) for window in (None, 1024)):

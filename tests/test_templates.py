@@ -121,22 +121,22 @@ def test_the_compaction_prompt_fits_its_layout_and_window(layout: str, window: i
 
 
 @pytest.mark.parametrize("layout", ["transcript", "prefix"])
-def test_the_tiny_form_below_2048_tokens_asks_for_every_field_in_half_the_tokens(layout: str,
+def test_the_tiny_form_below_1536_tokens_asks_for_every_field_in_half_the_tokens(layout: str,
                                                                                  templates: Templates) -> None:
     counter = TokenCounter()
 
     def render(window: int) -> str:
         return templates.compaction_prompt("", window=window, limit=256) if layout == "transcript" else \
             templates.compaction_request(window=window, limit=256)
-    tiny, short = render(1024), render(2048)
+    tiny, short = render(1024), render(1536)
     assert all(f'"{name}"' in tiny for name in FIELDS) and "Fit it in 256 tokens" in tiny
     # At a 1,024-token window the short form's ~320 tokens cut the history into a part more per summary.
     assert counter.count_text(tiny) <= 160 < counter.count_text(short)
-    assert render(1536) == tiny and render(3072) == short  # the short form (the fidelity table's) is untouched
+    assert render(1535) == tiny and render(3072) == short  # the short form (the fidelity table's) is untouched
 
 
-@pytest.mark.parametrize("window", [1024, 2047])
-def test_the_part_and_merge_instructions_have_a_tiny_form_below_2048_tokens(window: int,
+@pytest.mark.parametrize("window", [1024, 1535])
+def test_the_part_and_merge_instructions_have_a_tiny_form_below_1536_tokens(window: int,
                                                                            templates: Templates) -> None:
     counter = TokenCounter()
     for tiny, full in ((templates.chunk_instruction(2, 5, window=window), templates.chunk_instruction(2, 5)),
@@ -147,8 +147,8 @@ def test_the_part_and_merge_instructions_have_a_tiny_form_below_2048_tokens(wind
     assert "leave \"next_step\" out" in templates.chunk_instruction(2, 5, window=window)
     assert "next_step" not in templates.chunk_instruction(5, 5, window=window)
     assert "7 partial summaries" in templates.merge_instruction(7, window=window)
-    assert templates.chunk_instruction(2, 5, window=2048) == templates.chunk_instruction(2, 5)
-    assert templates.merge_instruction(7, window=2048) == templates.merge_instruction(7)
+    assert templates.chunk_instruction(2, 5, window=1536) == templates.chunk_instruction(2, 5)
+    assert templates.merge_instruction(7, window=1536) == templates.merge_instruction(7)
 
 
 def test_the_short_form_is_shorter_and_both_are_far_below_the_old_prompt(templates: Templates) -> None:
