@@ -105,11 +105,12 @@ async def _summarize_in_chunks(run: SummaryRun, history: list[Message]) -> str:
     if len(history) < 2:  # it was just sent whole and overflowed
         return await _ask_eliding(run, history[0], run.templates.compaction_instruction(), depth=1,
                                   overflow=SummarizerOverflow("the only message overflowed"))
-    records = [format_message_for_compacting(message) for message in history]
+    sizes = await _record_sizes(run, [format_message_for_compacting(message) for message in history])
+    instruction = run.templates.chunk_instruction(1, 2, window=run.window)
     partials: list[str] = []
     # Parts that ask for less leave room for more history each, and their summaries fit one merge request.
-    with run.asking(_part_ask(run, len(await _groups(run, records)))):
-        chunks = [history[group] for group in await _groups(run, records)]
+    with run.asking(_part_ask(run, len(run.token_groups(sizes, instruction)))):
+        chunks = [history[group] for group in run.token_groups(sizes, instruction)]
         if len(chunks) < 2:  # the whole history just overflowed: resending it would only overflow again
             chunks = list(_halves(history))
         for index, chunk in enumerate(chunks, start=1):
@@ -117,19 +118,18 @@ async def _summarize_in_chunks(run: SummaryRun, history: list[Message]) -> str:
     return await _merge(run, partials)
 
 
-async def _groups(run: SummaryRun, records: list[str]) -> list[slice]:
-    return await off_loop_if_large(sum(map(len, records)), run.token_groups, records,
-                                   run.templates.chunk_instruction(1, 2, window=run.window))
+async def _record_sizes(run: SummaryRun, records: list[str]) -> list[int]:
+    return await off_loop_if_large(sum(map(len, records)), run.record_sizes, records)
 
 
 def _part_ask(run: SummaryRun, parts: int) -> int | None:
     """The output each of `parts` partial summaries may ask for so that all of them fit one merge request (a merge
     that overflows becomes a tree of merges, a request each); None when the summary's own ask already does."""
-    limit, window = run.limit, run.window
-    if parts < 2 or limit is None or window is None:
+    limit = run.limit
+    if parts < 2 or limit is None:
         return None
-    room = run.input_room(run.templates.merge_instruction(parts, window=window))
-    if room is None:
+    room = run.input_room(run.templates.merge_instruction(parts, window=run.window))
+    if room is None:  # the window is unknown
         return None
     ask = max(budget.MIN_SUMMARIZER_OUTPUT, room // parts - RECORD_OVERHEAD_TOKENS)
     return ask if ask < limit else None
@@ -212,7 +212,7 @@ async def _merge(run: SummaryRun, partials: list[str]) -> str:
     messages: list[Message] = [{"role": "user", "content": text} for text in partials]
     instruction = run.templates.merge_instruction(len(partials), window=run.window)
     records = [format_message_for_compacting(message) for message in messages]
-    groups = await off_loop_if_large(sum(map(len, records)), run.token_groups, records, instruction)
+    groups = run.token_groups(await _record_sizes(run, records), instruction)
     if 1 < len(groups) < len(partials):
         return await _merge(run, [await _merged_text(run, partials[group]) for group in groups])
     try:

@@ -211,12 +211,16 @@ class SummaryRun:
                                                {"role": "user", "content": instruction}])
         return budget.summarizer_input_budget(window, framing, getattr(self.model, "max_output_tokens", window))
 
-    def token_groups(self, records: list[str], instruction: str) -> list[slice]:
-        """Consecutive records grouped to fit a known window; one group when the window is unknown."""
+    def record_sizes(self, records: list[str]) -> list[int]:
+        """Each transcript record's tokens, with its separator: counted once, planned by as often as asks change."""
+        return [self.counter.count_text(record) + 1 for record in records]
+
+    def token_groups(self, sizes: list[int], instruction: str) -> list[slice]:
+        """Consecutive records (by `record_sizes`) grouped to fit a known window; one group when it is unknown."""
         allowed = self.input_room(instruction)
         if allowed is None or allowed <= 0:  # unknown or too small to plan by: halving on overflow decides
-            return [slice(0, len(records))]
-        return _pack([self.counter.count_text(record) + 1 for record in records], allowed)
+            return [slice(0, len(sizes))]
+        return _pack(sizes, allowed)
 
 
 def _pack(sizes: list[int], budget: int) -> list[slice]:
