@@ -217,10 +217,11 @@ async def _merge(run: SummaryRun, partials: list[str]) -> str:
         return await _merge(run, [await _merged_text(run, partials[group]) for group in groups])
     try:
         return await run.ask(format_transcript(messages), instruction)
-    except SummarizerOverflow:
+    except (SummarizerOverflow, SummaryTruncated):
+        # A merge too long to send, or one whose reply ran past the summary's ask (SmolLM2 at n_ctx 1,024 restated
+        # two parts in more than the 256 tokens asked): smaller merges first, and two parts that still do not merge
+        # stand side by side, oldest first. Nothing is lost; the compactor shortens or refuses what does not fit.
         if len(partials) <= 2:
-            # Two parts too long to merge in this window stand side by side, oldest first: nothing is lost, and
-            # the compactor refuses the summary if the request it goes into would not fit.
             return PARTS_SEPARATOR.join(partials)
     first, second = _halves(partials)
     return await _merge(run, [await _merged_text(run, first), await _merged_text(run, second)])

@@ -305,6 +305,47 @@ async def test_a_summary_cut_off_at_its_own_ask_still_fails(templates: Templates
     assert [cap for _, cap in model.sent][:2] == [model.sent[0][1], 256] and model.sent[0][1] < 256
 
 
+class RamblingMerger(WindowedModel):
+    """Keeps to its limit in every part; a merge runs past the summary's own ask (cut off), for `rambles` merges."""
+
+    def __init__(self, counter: TokenCounter, templates: Templates, rambles: int) -> None:
+        super().__init__(counter)
+        self.templates, self.rambles = templates, rambles
+
+    async def complete(self, system: str, messages: list[Message]) -> tuple[Message, Any]:
+        reply, usage = await super().complete(system, messages)
+        merging = label(Request(system, messages), self.templates).startswith("merge ")
+        if merging and self.rambles > 0:
+            self.rambles -= 1
+            reply = {**reply, "content": str(reply["content"])[:200], "finish_reason": "length"}
+        return reply, usage
+
+
+def sent_labels(model: WindowedModel, templates: Templates) -> list[str]:
+    return [label(Request("<transcript>\n\n</transcript>", [{"content": text}]), templates) for text, _ in model.sent]
+
+
+@pytest.mark.parametrize(("turns", "rambles", "expected", "structured"), [
+    (4, 0, ["part 1/2", "part 2/2", "merge 2"], True),
+    # Measured: SmolLM2 at n_ctx 1024 ran a two-part merge past its 256 tokens, and the summary was lost.
+    (4, 1, ["part 1/2", "part 2/2", "merge 2"], False),
+    (4, 9, ["part 1/2", "part 2/2", "merge 2"], False),
+    # Three parts: the merge of all three is cut off, so two smaller merges; the last of them keeps to its ask.
+    (6, 1, ["part 1/3", "part 2/3", "part 3/3", "merge 3", "merge 2", "merge 2"], True),
+    (6, 9, ["part 1/3", "part 2/3", "part 3/3", "merge 3", "merge 2", "merge 2"], False),
+], ids=["two-parts-merged", "two-parts-cut-off-once", "two-parts-always-cut-off", "three-parts-cut-off-once",
+        "three-parts-always-cut-off"])
+async def test_a_merge_cut_off_at_its_ask_loses_no_part(turns: int, rambles: int, expected: list[str],
+                                                       structured: bool, templates: Templates,
+                                                       counter: TokenCounter) -> None:
+    """A cut-off merge is merged in smaller groups, and two parts that still do not merge stand side by side."""
+    model = RamblingMerger(counter, templates, rambles)
+    summary = await summarize(model, small_window_chat(turns), templates, counter=counter)
+    assert sent_labels(model, templates) == expected
+    assert (summary.structured is not None) is structured and summary.strategy == "chunked"
+    assert markers(summary.text) == [f"FACT-{kind}{index}" for index in range(turns) for kind in "ua"]
+
+
 async def test_a_model_that_cannot_be_limited_still_summarises_in_parts(templates: Templates,
                                                                          counter: TokenCounter) -> None:
     class Unlimited(WindowedModel):
