@@ -264,6 +264,11 @@ class WindowedModel:
                 "finish_reason": "length" if cut_off else "stop"}, {}
 
 
+def sent_labels(model: WindowedModel, templates: Templates) -> list[str]:
+    """What each request the model was sent asked for (its instruction), in order."""
+    return [label(Request("<transcript>\n\n</transcript>", [{"content": text}]), templates) for text, _ in model.sent]
+
+
 def small_window_chat(turns: int = 6) -> list[Message]:
     """The conversation of the n_ctx 1,024 test: ~150-token user turns, ~48-token replies, a fact in each."""
     history: list[Message] = []
@@ -280,8 +285,7 @@ async def test_a_history_in_parts_at_a_1024_window_needs_one_merge(templates: Te
     history = small_window_chat()
     model = WindowedModel(counter)
     summary = await summarize(model, history, templates, counter=counter)
-    labels = [label(Request("<transcript>\n\n</transcript>", [{"content": text}]), templates)
-              for text, _ in model.sent]
+    labels = sent_labels(model, templates)
     parts = [cap for (_, cap), text in zip(model.sent, labels, strict=True) if text.startswith("part ")]
     assert len(model.sent) <= 4 and labels[-1].startswith("merge ") and len(labels) == len(parts) + 1, labels
     assert max(parts) < 256 and model.sent[-1][1] == 256  # the merge keeps the summary's own ask
@@ -319,10 +323,6 @@ class RamblingMerger(WindowedModel):
             self.rambles -= 1
             reply = {**reply, "content": str(reply["content"])[:200], "finish_reason": "length"}
         return reply, usage
-
-
-def sent_labels(model: WindowedModel, templates: Templates) -> list[str]:
-    return [label(Request("<transcript>\n\n</transcript>", [{"content": text}]), templates) for text, _ in model.sent]
 
 
 @pytest.mark.parametrize(("turns", "rambles", "expected", "structured"), [
