@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -24,16 +23,15 @@ from pydantic import (
     model_validator,
 )
 
+from proxy.config_file import ConfigError as ConfigError  # re-exported: it is every caller's config error
+from proxy.config_file import read_tree
+
 log = logging.getLogger(__name__)
 
 DEFAULT_THRESHOLD = 0.8
 TARGET_SHARE_OF_THRESHOLD = 0.625  # the default target (0.5) over the default threshold (0.8)
 MIB = 1024 * 1024
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-class ConfigError(Exception):
-    """A config file that cannot be used; the message names every offending dotted path."""
 
 
 class _Frozen(BaseModel):
@@ -376,17 +374,5 @@ def settings_from_mapping(raw: Mapping[str, Any] | None, env: Mapping[str, str] 
 
 
 def load_settings(path: str | Path | None, env: Mapping[str, str] | None = None) -> Settings:
-    """Read and validate the YAML file at `path`; no path means every default."""
-    if path is None:
-        return settings_from_mapping({}, env)
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"config {path} is not UTF-8 text: {error.reason} at byte {error.start}") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"config {path} is not valid YAML: {error}") from None
-    if raw is not None and not isinstance(raw, dict):
-        raise ConfigError(f"config {path} must be a mapping at the top level")
-    return settings_from_mapping(raw, env)
+    """Read (with proxy.config_file's bounds) and validate the YAML file at `path`; no path means every default."""
+    return settings_from_mapping({} if path is None else read_tree(Path(path)), env)

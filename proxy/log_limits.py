@@ -8,8 +8,9 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 # Identical records (same logger, level, call site and message template) let through per interval.
 BURST = 5
@@ -17,6 +18,10 @@ INTERVAL = 60.0
 # Distinct call sites tracked at once; the oldest is forgotten (its count reported) beyond this.
 MAX_TRACKED = 1024
 _SUMMARY_ATTRIBUTE = "rate_limit_summary"
+# `log.error(..., extra=EXEMPT)`: a record that must be seen every time (each says something the operator has to
+# act on, such as a refused config reload and its reason) passes, uncounted.
+EXEMPT_ATTRIBUTE = "rate_limit_exempt"
+EXEMPT: Mapping[str, object] = MappingProxyType({EXEMPT_ATTRIBUTE: True})
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+(?:\.\d+)?")
 
 _Key = tuple[str, int, str, int, str]
@@ -52,7 +57,8 @@ class RepeatLimiter(logging.Filter):
         with self._lock:
             now = self._clock()
             summaries = self._expire(now)
-            allowed = record.levelno < self._level or self._admit(_key(record), record, now)
+            allowed = (bool(getattr(record, EXEMPT_ATTRIBUTE, False)) or record.levelno < self._level
+                       or self._admit(_key(record), record, now))
         for summary in summaries:
             self._handler.handle(summary)  # outside the lock: the summary passes this filter again
         return allowed

@@ -10,7 +10,9 @@ from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
-from proxy.config import ConfigError, Settings, load_settings, open_relay_problem
+from proxy.config import ConfigError, Settings, open_relay_problem, settings_from_mapping
+from proxy.config_file import read_head, read_tree
+from proxy.log_limits import EXEMPT
 from proxy.runtime import RuntimeSlot, build_runtime, load_templates
 
 log = logging.getLogger(__name__)
@@ -32,11 +34,53 @@ RESTART_ONLY_SECTIONS = ("store",)
 
 
 def fingerprint(path: Path) -> str | None:
-    """A hash of the file's bytes; None when it cannot be read (being replaced, or gone)."""
+    """A hash of the file's bytes (of a file too large to load, its head: enough to see it change size); None
+    when it cannot be read (being replaced, or gone)."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return hashlib.sha256(read_head(path)).hexdigest()
     except OSError:
         return None
+
+
+def unsaid_changes(running: Settings, raw: Mapping[str, Any], new: Settings) -> str | None:
+    """Why `new` must not replace `running`: it drops the proxy keys or moves where requests or summaries go,
+    and the file (`raw`, as parsed, before defaults) does not name the key that does so. A file truncated or
+    half-written by a save says nothing of them, and its defaults would open the proxy and send keys elsewhere."""
+    reasons = []
+    if running.server.api_keys and not new.server.api_keys and not _names(raw, "server.api_keys"):
+        reasons.append("the file leaves out server.api_keys, which would drop the proxy keys and let every client "
+                       "in (to drop them on purpose, write `api_keys: []` under server)")
+    if new.upstream.base_url != running.upstream.base_url and not _names(raw, "upstream.base_url"):
+        reasons.append(f"the file leaves out upstream.base_url, which would send requests to the default "
+                       f"{new.upstream.base_url} (to move them on purpose, set upstream.base_url)")
+    summaries = _summaries_moved(running, raw, new)
+    if summaries is not None:
+        reasons.append(summaries)
+    return "; ".join(reasons) or None
+
+
+def _summaries_moved(running: Settings, raw: Mapping[str, Any], new: Settings) -> str | None:
+    before, after = running.compaction.summarizer.upstream, new.compaction.summarizer.upstream
+    if after is None:
+        if before is None or _names(raw, "compaction.summarizer.upstream"):
+            return None
+        return ("the file leaves out compaction.summarizer.upstream, which would send summaries through upstream "
+                "instead (to do so on purpose, write `upstream: null` under compaction.summarizer)")
+    if before is not None and before.base_url == after.base_url:
+        return None
+    if _names(raw, "compaction.summarizer.upstream.base_url"):
+        return None
+    return (f"the file leaves out compaction.summarizer.upstream.base_url, which would send summaries to the "
+            f"default {after.base_url} (to do so on purpose, set it)")
+
+
+def _names(raw: Any, dotted: str) -> bool:
+    """Whether the parsed file has the key at `dotted`, whatever its value (null and empty included)."""
+    for part in dotted.split("."):
+        if not isinstance(raw, Mapping) or part not in raw:
+            return False
+        raw = raw[part]
+    return True
 
 
 def changed_paths(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -105,7 +149,7 @@ class Reloader:
         """Load the file and apply it; returns "applied", "unchanged" or "refused" (also logged and counted)."""
         async with self._lock:
             started = time.perf_counter()
-            self._seen = fingerprint(self._path)
+            self._seen = await asyncio.to_thread(fingerprint, self._path)
             result = await self._apply(trigger, started)
             self._slot.shared.metrics.config_reloads.labels(result).inc()
             return result
@@ -113,14 +157,10 @@ class Reloader:
     async def _apply(self, trigger: str, started: float) -> str:
         running = self._slot.current.settings
         try:
-            loaded = load_settings(self._path, self._env)
+            # In a thread: reading and validating a file (up to 256 KiB) must not hold up the requests being served.
+            new, changed = await asyncio.to_thread(self._load, running)
         except ConfigError as error:
             return _refused(trigger, str(error))
-        new = applicable(loaded, running)
-        problem = open_relay_problem(new, self._host)
-        if problem is not None:
-            return _refused(trigger, problem)
-        changed = changed_paths(running.model_dump(), loaded.model_dump())
         pending = restart_only(changed)
         if pending:
             log.warning("config reload (%s): %s changed in the file but can only change at a restart; "
@@ -141,6 +181,17 @@ class Reloader:
                  ", ".join(live))
         return "applied"
 
+    def _load(self, running: Settings) -> tuple[Settings, list[str]]:
+        """What this process can apply of the file and the paths the file changes, or a ConfigError saying why
+        it must not be applied."""
+        raw = read_tree(self._path)
+        loaded = settings_from_mapping(raw, self._env)
+        new = applicable(loaded, running)
+        problem = unsaid_changes(running, raw, loaded) or open_relay_problem(new, self._host)
+        if problem is not None:
+            raise ConfigError(problem)
+        return new, changed_paths(running.model_dump(), loaded.model_dump())
+
     async def _watch(self) -> None:
         while True:
             # Read each time: a reload may change it, or turn watching off (0) and on again (by SIGHUP).
@@ -148,7 +199,7 @@ class Reloader:
             await asyncio.sleep(poll or IDLE_POLL_SECONDS)
             if not poll:
                 continue
-            seen = fingerprint(self._path)
+            seen = await asyncio.to_thread(fingerprint, self._path)
             if seen is None:
                 if not self._missing:
                     log.warning("config file %s cannot be read; keeping the running config", self._path)
@@ -159,7 +210,7 @@ class Reloader:
                 continue
             await asyncio.sleep(SETTLE_SECONDS)
             # Unless it changed again meanwhile, or a SIGHUP has loaded this very content.
-            if fingerprint(self._path) == seen != self._seen:
+            if await asyncio.to_thread(fingerprint, self._path) == seen != self._seen:
                 await self.reload("file changed")
 
     def _spawn(self, work: Coroutine[Any, Any, Any], name: str) -> None:
@@ -175,6 +226,7 @@ class Reloader:
 
 def _refused(trigger: str, reason: str) -> str:
     # One line, whatever the error: a validation error lists each bad path on a line of its own.
+    # Exempt from the repeat limiter: each refusal has its own reason, and each leaves the file not in effect.
     log.error("config reload (%s) refused, keeping the running config: %s", trigger,
-              "; ".join(line.strip() for line in reason.splitlines() if line.strip()))
+              "; ".join(line.strip() for line in reason.splitlines() if line.strip()), extra=EXEMPT)
     return "refused"

@@ -30,7 +30,7 @@ server: {{port: 9001, api_keys: ["{FILE_SECRET}"]}}
 upstream: {{base_url: "http://gateway:8000/v1/", api_key: "${{OPENAI_API_KEY}}"}}
 models: {{gpt-4o: {{context_window: 8192}}}}
 """,
-    "empty": "",
+    "explicit defaults": "{}\n",
     "example": (REPO / "config.example.yaml").read_text(encoding="utf-8"),
 }
 BAD_CONFIGS = {
@@ -40,6 +40,7 @@ BAD_CONFIGS = {
     "out of range": ("server:\n  port: 123456\n", "server.port: "),
     "missing variable": ("upstream:\n  api_key: ${CLI_TEST_UNSET_VARIABLE}\n", "CLI_TEST_UNSET_VARIABLE"),
     "not yaml": ("server: [1,\n", "not valid YAML"),
+    "empty": ("# nothing here yet\n", "is empty"),
 }
 
 

@@ -413,13 +413,6 @@ def test_unreadable_paths_are_config_errors(tmp_path: Path, name: str) -> None:
         load_settings(tmp_path / name, env={})
 
 
-@pytest.mark.parametrize("content", ["", "# only comments\n", "---\n"])
-def test_empty_file_means_every_default(tmp_path: Path, content: str) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text(content, encoding="utf-8")
-    assert load_settings(path, env={}) == Settings()
-
-
 @pytest.mark.parametrize("threshold,target", [("0.4", 0.25), ("0.5", 0.3125), ("0.9", 0.5)])
 def test_threshold_from_environment_below_the_target_moves_the_target(threshold: str, target: float) -> None:
     settings = settings_from_mapping({}, env={"COMPACTION_THRESHOLD": threshold})

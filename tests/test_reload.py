@@ -15,8 +15,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.config import settings_from_mapping
-from proxy.reload import applicable, changed_paths, restart_only
+from proxy.config import Settings, settings_from_mapping
+from proxy.log_limits import BURST
+from proxy.reload import applicable, changed_paths, restart_only, unsaid_changes
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
 from tests.proxy_process import ProxyProcess, proxy_process
@@ -105,6 +106,9 @@ BROKEN = {
     "unknown key": ("compaction:\n  threshhold: 0.5\n", "compaction.threshhold: unknown key"),
     "open relay": (None, "refusing to start as an open relay"),
     "broken template": (None, "TemplateSyntaxError"),
+    "empty": ("", "is empty"),
+    "comments only": ("# saved half-way by an editor\n", "is empty"),
+    "nested too deep": ("x: " + "[" * 5000 + "]" * 5000 + "\n", "nested deeper than"),
 }
 
 
@@ -230,3 +234,137 @@ async def test_sighup_without_a_config_file_keeps_serving(tmp_path: Path) -> Non
         await proxy.wait_healthy(timeout=5)
         proxy.signal(signal.SIGTERM)
         assert await proxy.exit_code() == 0
+
+
+def refusal_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if "refused, keeping the running config" in line]
+
+
+async def test_a_truncated_file_is_refused_and_the_keys_and_upstream_stay(tmp_path: Path,
+                                                                           fake: FakeUpstream) -> None:
+    config = write_config(tmp_path / "config.yaml", base_config(fake, api_keys=[KEY_A], reload_poll_seconds=0.1))
+    async with proxy_process(tmp_path, config) as proxy:
+        config.write_bytes(b"")  # truncated in place, as a non-atomic save does before it writes
+        output = await proxy.wait_for_log("config reload (file changed) refused, keeping the running config")
+        assert "is empty" in refusal_lines(output)[0] and "write `{}`" in refusal_lines(output)[0]
+        assert await status_with(proxy, "no-key") == 401
+        forwarded = len(fake.chat_requests())
+        assert await status_with(proxy, KEY_A) == 200
+        assert len(fake.chat_requests()) == forwarded + 1  # the same upstream
+        assert await reloads(proxy) == {"refused": 1}
+
+
+async def test_dropping_the_keys_or_moving_the_upstream_takes_saying_so(tmp_path: Path,
+                                                                        fake: FakeUpstream) -> None:
+    tree = base_config(fake, api_keys=[KEY_A])
+    config = write_config(tmp_path / "config.yaml", tree)
+    async with proxy_process(tmp_path, config) as proxy:
+        # Sections lost (a bad merge, a template rendered half): the defaults would open and move the proxy.
+        write_config(config, {"server": {"reload_poll_seconds": 0}, "models": tree["models"],
+                              "compaction": tree["compaction"]})
+        proxy.signal(signal.SIGHUP)
+        output = await proxy.wait_for_log("config reload (SIGHUP) refused, keeping the running config")
+        assert all(name in refusal_lines(output)[0] for name in ("server.api_keys", "upstream.base_url"))
+        assert (await status_with(proxy, "no-key"), await status_with(proxy, KEY_A)) == (401, 200)
+        # Said on purpose, the keys go.
+        write_config(config, {**tree, "server": {**tree["server"], "api_keys": []}})
+        proxy.signal(signal.SIGHUP)
+        output = await proxy.wait_for_log("config reloaded (SIGHUP)")
+        assert "server.api_keys changed" in output
+        assert await status_with(proxy, "no-key") == 200
+        assert await reloads(proxy) == {"refused": 1, "applied": 1}
+
+
+async def test_every_refusal_is_logged_past_the_repeat_limit(tmp_path: Path, fake: FakeUpstream) -> None:
+    config = write_config(tmp_path / "config.yaml", base_config(fake, api_keys=[KEY_A]))
+    broken = [BROKEN["yaml"], BROKEN["validation"], BROKEN["unknown key"]]
+    async with proxy_process(tmp_path, config) as proxy:
+        for index in range(BURST + 3):
+            config.write_text(str(broken[index % 3][0]), encoding="utf-8")
+            proxy.signal(signal.SIGHUP)
+            output = await proxy.wait_for_log("refused, keeping the running config", count=index + 1)
+        lines = refusal_lines(output)
+        assert [broken[index % 3][1] in line for index, line in enumerate(lines)] == [True] * (BURST + 3)
+        assert all(" ERROR " in line for line in lines) and "suppressed" not in output
+        assert await reloads(proxy) == {"refused": BURST + 3}
+
+
+async def health_checks(proxy: ProxyProcess, done: asyncio.Event) -> list[int]:
+    """/healthz, one request after another, until `done`; each answer's status."""
+    statuses = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        while not done.is_set():
+            async with session.get(f"{proxy.base}/healthz") as answer:
+                statuses.append(answer.status)
+    return statuses
+
+
+async def test_a_huge_file_is_refused_unread_while_health_checks_answer(tmp_path: Path,
+                                                                       fake: FakeUpstream) -> None:
+    tree = base_config(fake, api_keys=[KEY_A])
+    config = write_config(tmp_path / "config.yaml", tree)
+    huge = tmp_path / "huge.yaml"
+    with huge.open("w", encoding="utf-8") as file:  # the same config, padded with comments to 30 MB
+        file.write(yaml.safe_dump({**tree, "server": {**tree["server"], "api_keys": [KEY_B]}}))
+        for _ in range(30):
+            file.write("#" + "x" * (1024 * 1024 - 2) + "\n")
+    async with proxy_process(tmp_path, config) as proxy:
+        done = asyncio.Event()
+        checking = asyncio.ensure_future(health_checks(proxy, done))
+        huge.replace(config)
+        proxy.signal(signal.SIGHUP)
+        output = await proxy.wait_for_log("config reload (SIGHUP) refused, keeping the running config")
+        done.set()
+        statuses = await asyncio.wait_for(checking, 60)
+        assert "larger than 256 KiB" in refusal_lines(output)[0]
+        assert statuses and set(statuses) == {200}
+        assert (await status_with(proxy, KEY_A), await status_with(proxy, KEY_B)) == (200, 401)
+
+
+# --- what a reload must be told, not left to infer ---------------------------------------------------------
+
+RUNNING = {"server": {"api_keys": [KEY_A]}, "upstream": {"base_url": "http://127.0.0.1:9/v1"},
+           "compaction": {"summarizer": {"upstream": {"base_url": "http://127.0.0.1:7/v1"}}}}
+SUMMARIES_SAID = {"summarizer": {"upstream": {"base_url": "http://127.0.0.1:7/v1"}}}
+KEYS_SAID = {"api_keys": [KEY_A]}
+UPSTREAM_SAID = {"base_url": "http://127.0.0.1:9/v1"}
+
+UNSAID: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "everything said again": (RUNNING, ()),
+    "keys replaced": ({**RUNNING, "server": {"api_keys": [KEY_B]}}, ()),
+    "keys left out": ({**RUNNING, "server": {"port": 1}}, ("server.api_keys",)),
+    "server left out": ({key: value for key, value in RUNNING.items() if key != "server"}, ("server.api_keys",)),
+    "keys emptied on purpose": ({**RUNNING, "server": {"api_keys": []}}, ()),
+    "keys from a variable that is unset": ({**RUNNING, "server": {"api_keys": "${H1_PROXY_KEYS:-}"}}, ()),
+    "upstream left out": ({"server": KEYS_SAID, "compaction": SUMMARIES_SAID}, ("upstream.base_url",)),
+    "upstream key without its url": ({**RUNNING, "upstream": {"api_key": "sk-h1-upstream"}}, ("upstream.base_url",)),
+    "upstream moved on purpose": ({**RUNNING, "upstream": {"base_url": "http://127.0.0.1:8/v1"}}, ()),
+    "upstream from a variable's fallback": ({**RUNNING, "upstream": {"base_url": "${H1_URL:-https://x.test/v1}"}},
+                                            ()),
+    "summariser upstream left out": ({"server": KEYS_SAID, "upstream": UPSTREAM_SAID},
+                                     ("compaction.summarizer.upstream",)),
+    "summariser upstream dropped on purpose": ({**RUNNING, "compaction": {"summarizer": {"upstream": None}}}, ()),
+    "summariser upstream without its url": (
+        {**RUNNING, "compaction": {"summarizer": {"upstream": {"api_key": "sk-h1-summaries"}}}},
+        ("compaction.summarizer.upstream.base_url",)),
+    "everything left out": ({"logging": {"level": "DEBUG"}},
+                            ("server.api_keys", "upstream.base_url", "compaction.summarizer.upstream")),
+}
+
+
+@pytest.mark.parametrize("case", UNSAID)
+def test_unsaid_changes_names_what_the_file_drops_or_moves_without_saying(case: str) -> None:
+    raw, named = UNSAID[case]
+    running = settings_from_mapping(RUNNING, env={})
+    reason = unsaid_changes(running, raw, settings_from_mapping(raw, env={}))
+    if not named:
+        assert reason is None
+    else:
+        assert reason is not None and all(name in reason for name in named), reason
+        assert KEY_A not in reason and "sk-h1" not in reason
+
+
+def test_a_running_config_without_keys_or_upstream_has_nothing_to_lose() -> None:
+    running = Settings()
+    assert unsaid_changes(running, {"logging": {"level": "DEBUG"}},
+                          settings_from_mapping({"logging": {"level": "DEBUG"}}, env={})) is None
