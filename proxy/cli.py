@@ -18,6 +18,7 @@ from typing import Any
 from proxy import __version__
 from proxy.app import start_server
 from proxy.appkeys import RUNTIME
+from proxy.client_connections import client_capacity, open_files_limit, recommended_limit
 from proxy.config import ConfigError, Settings, load_settings, open_relay_problem
 from proxy.log_filters import install as install_redaction
 from proxy.log_filters import mask_url
@@ -92,9 +93,19 @@ def configure_logging(settings: Settings, worker: int | None = None) -> None:
     install_repeat_limits()
 
 
-def raise_open_files_limit() -> None:
-    """The soft open-files limit up to the hard one, logged: every client and upstream connection holds a
-    descriptor, and at the common soft limit of 1,024 a thousand idle sockets would take the proxy offline."""
+def raise_open_files_limit(max_connections: int) -> None:
+    """The soft open-files limit up to the hard one, logged, with a warning when it leaves little room beside
+    `max_connections` upstream connections: every client and upstream connection holds a descriptor."""
+    _raise_soft_limit()
+    limit = open_files_limit()
+    if limit is not None and limit < recommended_limit(max_connections):
+        log.warning("open files limit %d is low for upstream.max_connections %d: client connections are capped at "
+                    "%d, the longest idle ones closed beyond that; raise the hard limit to %d or more (ulimit -Hn, "
+                    "LimitNOFILE) or lower upstream.max_connections", limit, max_connections,
+                    client_capacity(limit, max_connections), recommended_limit(max_connections))
+
+
+def _raise_soft_limit() -> None:
     try:
         import resource
     except ImportError:  # not a POSIX system
@@ -118,7 +129,7 @@ class CannotListen(Exception):
 
 
 async def serve(settings: Settings, args: argparse.Namespace) -> None:
-    raise_open_files_limit()
+    raise_open_files_limit(settings.upstream.max_connections)
     supervised = args.supervisor_pid is not None
     try:
         server = await start_server(settings, host=args.host, port=args.port, reuse_port=supervised)

@@ -56,8 +56,15 @@ class ServerConfig(_Frozen):
     reload_poll_seconds: float = Field(1.0, ge=0)
     # The event loop: "auto" is uvloop when it is installed (it is a dependency where it builds), else asyncio's.
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    # Operator keys: they see what the proxy runs in front of (/readyz details); not accepted as proxy keys.
+    admin_keys: tuple[SecretStr, ...] = ()
+    # Seconds one write to a client may wait for it to take the bytes; a slower reader's stream is cut and its
+    # upstream connection released (a client reading at a byte a second must not hold the pool). Below the wait of
+    # a request queued for a pooled connection (upstream.pool_timeout + connect_timeout, 15 s by default), so that
+    # such a request gets the connection of a reader that was cut.
+    write_timeout: float = Field(10.0, gt=0)
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         # `api_keys: ${PROXY_API_KEYS:-}` takes every key from one variable; unset or empty means none.
@@ -65,7 +72,7 @@ class ServerConfig(_Frozen):
             return tuple(key.strip() for key in value.split(",")) if value.strip() else ()
         return value
 
-    @field_validator("api_keys")
+    @field_validator("api_keys", "admin_keys")
     @classmethod
     def _no_blank_key(cls, keys: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
         # A blank accepted key would match a client that sends no key at all.
@@ -271,7 +278,8 @@ class Settings(_Frozen):
 def _withholding_proxy_keys(upstream: UpstreamConfig, info: ValidationInfo) -> UpstreamConfig:
     # `server` is declared before the fields that call this, so it is validated (or failed) already.
     server = info.data.get("server")
-    return upstream.withholding(server.api_keys) if isinstance(server, ServerConfig) and server.api_keys else upstream
+    keys = (*server.api_keys, *server.admin_keys) if isinstance(server, ServerConfig) else ()
+    return upstream.withholding(keys) if keys else upstream
 
 
 def is_loopback(host: str) -> bool:

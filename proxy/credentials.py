@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hmac
+from collections.abc import Mapping, Sequence
 
 from proxy.fingerprint import HASH_ERRORS, canonical_json
 
@@ -21,6 +22,13 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
     return headers.get("x-api-key") or None
+
+
+def presents_one_of(headers: Mapping[str, str], keys: Sequence[bytes]) -> bool:
+    """True when the key a client presented (see presented_key) is one of `keys`."""
+    presented = (presented_key(headers) or "").encode("utf-8", HASH_ERRORS)
+    # Every key compared, in constant time, so the time taken does not say which one nearly matched.
+    return any([hmac.compare_digest(presented, key) for key in keys])
 
 
 def presented_credentials(headers: Mapping[str, str]) -> str | None:

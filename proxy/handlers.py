@@ -7,6 +7,8 @@ from aiohttp import web
 from proxy.answer import Answer
 from proxy.appkeys import METRICS, RUNTIME
 from proxy.chat_request import ChatCall
+from proxy.credentials import presents_one_of
+from proxy.fingerprint import HASH_ERRORS
 from proxy.log_filters import mask_url
 from proxy.metrics import CONTENT_TYPE
 from proxy.offload import LARGE_JSON, off_loop_above
@@ -49,11 +51,14 @@ async def readyz(request: web.Request) -> web.Response:
     settings, store = pinned(request).settings, request.app[RUNTIME].shared.store
     store_ok = await store.ping()
     body: dict[str, object] = {"status": "ready" if store_ok else "degraded",
-                               "store": "ok" if store_ok else "unreachable",
-                               "upstream": mask_url(settings.upstream.base_url)}  # /readyz is open: no passwords
-    status = getattr(store, "status", None)  # RedisStore: where it is, since when it is down, the last error
-    if callable(status):
-        body["store_detail"] = status()
+                               "store": "ok" if store_ok else "unreachable"}
+    # /readyz is open: what the proxy runs in front of is shown to an operator only (and without passwords).
+    admin_keys = [key.get_secret_value().encode("utf-8", HASH_ERRORS) for key in settings.server.admin_keys]
+    if admin_keys and presents_one_of(request.headers, admin_keys):
+        body["upstream"] = mask_url(settings.upstream.base_url)
+        status = getattr(store, "status", None)  # RedisStore: where it is, since when it is down, the last error
+        if callable(status):
+            body["store_detail"] = status()
     # A shared store that is down costs reuse, not service: stay in the load balancer (200, "degraded").
     serving = store_ok or settings.store.kind == "redis"
     return web.json_response(body, status=200 if serving else 503)

@@ -30,6 +30,8 @@ HealthListener = Callable[[bool], None]
 # Errors that mean "Redis is not there" (down, unreachable, refusing our credentials), as opposed to a refused command.
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
 _HEALTH_CHECK_SECONDS = 15
+# Announcements are a word, two hashes and a token: anything this long on the channel is not one.
+_MAX_ANNOUNCEMENT_BYTES = 1024
 
 # Server time in milliseconds, so every replica scores in-flight leases by one clock.
 _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) "
@@ -68,6 +70,22 @@ _FLYING = _NOW + "return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf'
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _announcement(data: bytes | str) -> tuple[str, str, str] | None:
+    """Outcome, key and holder of an announcement ("<outcome> <namespace>:<hash> <token>:<owner>"); None when the
+    message is not one: too long, not UTF-8, or not exactly three non-empty fields."""
+    if len(data) > _MAX_ANNOUNCEMENT_BYTES:
+        return None
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError:
+        return None
+    fields = text.split(" ")
+    if len(fields) != 3 or not all(fields):
+        return None
+    outcome, key, holder = fields
+    return outcome, key, holder
 
 
 def _url_password(url: str) -> str | None:
@@ -268,8 +286,7 @@ class RedisStore:
                 while not self._closed:  # checked, not only cancelled: see flights._stop
                     message = await pubsub.get_message(timeout=1.0)
                     if message is not None and message.get("type") == "message":
-                        outcome, key, holder = _text(message["data"]).split(" ", 2)
-                        self._announcements.heard(key, holder, outcome)
+                        self._hear(message["data"])
             except (RedisError, *_UNREACHABLE) as error:
                 self._failed("subscribe", error)
             finally:
@@ -277,6 +294,17 @@ class RedisStore:
                 await self._close_quietly(pubsub)
             await asyncio.sleep(delay)  # waiters poll meanwhile
             delay = min(delay * 2, self._health.max_delay)
+
+    def _hear(self, data: bytes | str) -> None:
+        """One announcement; anything else on the channel (a stray PUBLISH, another version) is counted and skipped,
+        since one bad message must not silence every replica's subscriber."""
+        fields = _announcement(data)
+        if fields is None:
+            self._count("announcement")
+            self._warn("announcement", "ignoring a malformed announcement of %d bytes on %s", len(data), self._channel)
+            return
+        outcome, key, holder = fields
+        self._announcements.heard(key, holder, outcome)
 
     @staticmethod
     async def _close_quietly(pubsub: Any) -> None:

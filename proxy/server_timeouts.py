@@ -1,4 +1,4 @@
-"""A request-head deadline for aiohttp's server, which has keep-alive and lingering timeouts but no header timeout."""
+"""Guards on aiohttp's server connections: a request-head deadline (it has none) and room under the open-files limit."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
+
+from proxy.appkeys import SETTINGS
+from proxy.client_connections import ClientConnections, client_capacity, open_files_limit
 
 log = logging.getLogger(__name__)
 
@@ -25,19 +28,22 @@ class HeadDeadlineHandler(RequestHandler):
     kept-alive connection, at the first byte of the next request; idle time between requests is keep-alive's.
     """
 
-    __slots__ = ("_armed_at_request", "_head_timer", "_header_timeout")
+    __slots__ = ("_armed_at_request", "_clients", "_head_timer", "_header_timeout")
 
-    def __init__(self, manager: Server, *, header_timeout: float, **kwargs: Any) -> None:
+    def __init__(self, manager: Server, *, header_timeout: float, clients: ClientConnections, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._header_timeout = header_timeout
+        self._clients = clients
         self._head_timer: asyncio.TimerHandle | None = None
         self._armed_at_request = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._arm()
+        self._clients.opened(self)
 
     def data_received(self, data: bytes) -> None:
+        self._clients.active(self)
         if data and self._head_timer is None and self._awaiting_head():
             self._arm()
         super().data_received(data)
@@ -46,7 +52,18 @@ class HeadDeadlineHandler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
+        self._clients.closed(self)
         super().connection_lost(exc)
+
+    def is_idle(self) -> bool:
+        """No request in progress nor queued: waiting for the next request head, or for the first one (the serving
+        loop of a connection just accepted may not have run yet). ClientConnections sheds only these."""
+        return not self._request_in_progress and not self._messages and \
+            (self._awaiting_head() or self._request_count == 0)
+
+    def shed(self) -> None:
+        log.debug("closing an idle connection from %s to make room under the open files limit", self.peername)
+        self.force_close()
 
     def _awaiting_head(self) -> bool:
         # aiohttp's own idle test (see _process_keepalive): the serving loop waits for the next message.
@@ -79,14 +96,19 @@ class _HeadDeadlineServer(Server):
 
 
 class GuardedAppRunner(web.AppRunner):
-    """web.AppRunner whose connections have a request-head deadline.
+    """web.AppRunner whose connections have a request-head deadline and stay within the open-files limit.
 
     aiohttp builds its Server by class name inside Application._make_handler, so the server it returns is
     re-classed to a subclass that only changes which handler each connection gets.
     """
 
     def __init__(self, app: web.Application, *, header_timeout: float, **kwargs: Any) -> None:
-        super().__init__(app, header_timeout=header_timeout, **kwargs)
+        # Read once: the soft limit is raised (proxy.cli) before the server starts, and the upstream pool,
+        # whose size the reserve is for, is not rebuilt by a reload.
+        limit = open_files_limit()
+        capacity = None if limit is None else client_capacity(limit, app[SETTINGS].upstream.max_connections)
+        clients = ClientConnections(capacity, limit=limit)
+        super().__init__(app, header_timeout=header_timeout, clients=clients, **kwargs)
 
     async def _make_server(self) -> Server:
         server = await super()._make_server()

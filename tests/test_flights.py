@@ -302,6 +302,9 @@ async def test_round_trips_per_lookup_and_per_summary(replicas: Replicas, monkey
 
 # --- end to end: proxies sharing one Redis -------------------------------------------------------------------
 
+ADMIN_KEY = "admin-key-flights-3d7a"  # an operator's: /readyz shows the store's details to it alone
+
+
 def shared_store(server: RedisServer, **compaction: Any) -> dict[str, Any]:
     return {**compaction_config(**compaction), "store": {"kind": "redis", "url": server.url, "lock_ttl_seconds": 2}}
 
@@ -359,11 +362,11 @@ async def test_replicas_keep_serving_while_redis_is_down_and_recover(
 @not_integrated
 async def test_a_redis_outage_is_counted_and_leaves_the_replica_in_service(
         model: WindowedModel, make_proxy: ProxyFactory, redis_server: RedisServer) -> None:  # noqa: F811
-    proxy = await make_proxy(shared_store(redis_server, background=False))
+    proxy = await make_proxy({**shared_store(redis_server, background=False), "server": {"admin_keys": [ADMIN_KEY]}})
     redis_server.kill()
     await async_client(proxy.url).chat.completions.create(model="fake-small", messages=big_history(3))
     async with aiohttp.ClientSession() as session:
-        async with session.get(f"{proxy.url}/readyz") as response:
+        async with session.get(f"{proxy.url}/readyz", headers={"x-proxy-api-key": ADMIN_KEY}) as response:  # details
             body = await response.json()
             assert response.status == 200 and body["status"] == "degraded"
             assert body["store_detail"]["reachable"] is False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
 from tests.ports import free_port
+from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 from tests.sdk import async_client
 from tests.test_cli import wait_until_healthy, write
 from tests.test_compaction_e2e import WINDOW, big_history, compaction_config
@@ -40,12 +42,31 @@ CLIENT_UPSTREAM_KEY = "sk-client-own-upstream-key"
 OPERATOR_KEY = "sk-operator-paid-key-0042"
 
 
+ADMIN_KEY = "admin-key-operator-9c41e2"
+
+
 def keyed(**upstream: Any) -> dict[str, Any]:
-    return {"server": {"api_keys": [PROXY_KEY, OTHER_PROXY_KEY]}, "upstream": upstream}
+    return {"server": {"api_keys": [PROXY_KEY, OTHER_PROXY_KEY], "admin_keys": [ADMIN_KEY]}, "upstream": upstream}
 
 
 def everything_sent(fake: FakeUpstream) -> str:
     return json.dumps([request.headers for request in fake.requests])
+
+
+def everything_received(fake: FakeUpstream) -> str:
+    """Every request line, header and body the upstream received, as one text (nothing escaped)."""
+    return "\n".join(f"{request.method} {request.path}?{request.query}\n"
+                     + "".join(f"{name}: {value}\n" for name, value in request.headers.items())
+                     + request.body.decode("utf-8", "replace") for request in fake.requests)
+
+
+def b64(text: str, *, urlsafe: bool = False, padded: bool = True) -> str:
+    encoded = (base64.urlsafe_b64encode if urlsafe else base64.b64encode)(text.encode()).decode()
+    return encoded if padded else encoded.rstrip("=")
+
+
+def percent_encoded(text: str) -> str:
+    return "".join(f"%{byte:02X}" for byte in text.encode())
 
 
 # --- proxy keys are never forwarded ---------------------------------------------------------------------------
@@ -66,6 +87,51 @@ async def test_an_accepted_proxy_key_is_never_forwarded(fake: FakeUpstream, make
     sent = everything_sent(fake)
     assert PROXY_KEY not in sent and OTHER_PROXY_KEY not in sent
     assert "x-proxy-api-key" not in {name.lower() for name in fake.requests[-1].headers}
+
+
+# Header names by forms a proxy key (or an operator key) may be hidden in; the request itself is authorised by
+# x-proxy-api-key, so each of these is an extra header the proxy would otherwise forward as it is.
+HIDDEN_KEYS = [
+    ("Authorization", f"Token {PROXY_KEY}", PROXY_KEY),
+    ("Authorization", f"Bearer\t{PROXY_KEY}", PROXY_KEY),
+    ("Authorization", f"BEARER {OTHER_PROXY_KEY}", OTHER_PROXY_KEY),
+    ("Authorization", f"Basic {b64('user:' + PROXY_KEY)}", PROXY_KEY),
+    ("Authorization", f"basic {b64(OTHER_PROXY_KEY + ':')}", OTHER_PROXY_KEY),
+    ("Authorization", f"Basic {b64(PROXY_KEY + ':x', urlsafe=True, padded=False)}", PROXY_KEY),
+    ("Authorization", f'Digest username="u", response="{PROXY_KEY}"', PROXY_KEY),
+    ("OpenAI-Organization", PROXY_KEY, PROXY_KEY),
+    ("OpenAI-Organization", f"org-1 {OTHER_PROXY_KEY}", OTHER_PROXY_KEY),
+    ("OpenAI-Project", PROXY_KEY.upper(), PROXY_KEY),
+    ("x-api-key", f"Key {PROXY_KEY}", PROXY_KEY),
+    ("api-key", f'"{PROXY_KEY}"', PROXY_KEY),
+    ("x-request-id", PROXY_KEY, PROXY_KEY),
+    ("X-Trace", f"prefix-{PROXY_KEY}-suffix", PROXY_KEY),
+    ("Cookie", f"session={PROXY_KEY}; theme=dark", PROXY_KEY),
+    ("X-Forwarded-Authorization", f"Bearer {ADMIN_KEY}", ADMIN_KEY),
+    ("x-api-key", ADMIN_KEY, ADMIN_KEY),
+    ("X-Credentials", f"Basic {b64(ADMIN_KEY + ':')}", ADMIN_KEY),
+    ("X-Escaped", percent_encoded(PROXY_KEY), PROXY_KEY),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "key"), HIDDEN_KEYS,
+                         ids=[f"{index}-{name}" for index, (name, _, _) in enumerate(HIDDEN_KEYS)])
+@pytest.mark.parametrize("route", ["passthrough", "chat"])
+async def test_a_withheld_key_in_any_header_and_form_never_reaches_the_upstream(
+        fake: FakeUpstream, make_proxy: ProxyFactory, name: str, value: str, key: str, route: str) -> None:
+    proxy = await make_proxy(keyed())
+    headers = {"x-proxy-api-key": PROXY_KEY, name: value, "X-Harmless": "kept"}
+    async with aiohttp.ClientSession() as session:
+        if route == "chat":
+            chat = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+            answer = session.post(f"{proxy.url}/v1/chat/completions", json=chat, headers=headers)
+        else:
+            answer = session.get(f"{proxy.url}/v1/echo/anything", headers=headers)
+        async with answer as response:
+            assert response.status == 200
+    received = everything_received(fake)
+    assert fake.requests and "X-Harmless: kept" in received  # forwarded, with its other headers
+    assert key.lower() not in received.lower() and value not in received
 
 
 async def test_dedicated_header_lets_the_client_bring_its_own_upstream_key(fake: FakeUpstream,
@@ -124,8 +190,33 @@ def test_request_headers_withhold_proxy_keys_from_every_carrier(api_key: str | N
                             ("OpenAI-Organization", "org-1")])
     sent = request_headers(incoming, api_key, (PROXY_KEY, OTHER_PROXY_KEY))
     assert sent.get("Authorization") == expected_authorization
-    assert {"x-api-key", "api-key", "x-proxy-api-key"}.isdisjoint(name.lower() for name in sent)
-    assert sent["x-request-id"] == PROXY_KEY and sent["OpenAI-Organization"] == "org-1"    # not a key carrier
+    assert {"x-api-key", "api-key", "x-proxy-api-key", "x-request-id"}.isdisjoint(name.lower() for name in sent)
+    assert sent["OpenAI-Organization"] == "org-1"    # carries no key
+
+
+@pytest.mark.parametrize(("name", "value", "key"), HIDDEN_KEYS,
+                         ids=[f"{index}-{name}" for index, (name, _, _) in enumerate(HIDDEN_KEYS)])
+def test_request_headers_drop_a_header_hiding_a_withheld_key(name: str, value: str, key: str) -> None:
+    sent = request_headers(CIMultiDict([(name, value), ("X-Harmless", "kept")]), None,
+                           (PROXY_KEY, OTHER_PROXY_KEY, ADMIN_KEY))
+    assert name not in sent and sent["X-Harmless"] == "kept"
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("Authorization", f"Bearer {CLIENT_UPSTREAM_KEY}"),
+    ("Authorization", f"Basic {b64('user:' + CLIENT_UPSTREAM_KEY)}"),
+    ("Authorization", "Basic"),
+    ("OpenAI-Organization", "org-proxy-key"),        # a prefix of a proxy key is not the key
+    ("OpenAI-Project", "proj_abc123"),
+    ("User-Agent", "AsyncOpenAI/Python 1.40.0"),
+    ("X-Stainless-Arch", "x64"),
+    ("Content-Type", "application/json; charset=utf-8"),
+    ("X-Escaped", "a%ZZb%"),                         # not valid percent-encoding: left as it is
+    ("X-Request-Id", "req_" + "A" * 200),
+])
+def test_request_headers_keep_headers_that_hide_no_withheld_key(name: str, value: str) -> None:
+    sent = request_headers(CIMultiDict([(name, value)]), None, (PROXY_KEY, OTHER_PROXY_KEY, ADMIN_KEY))
+    assert sent[name] == value
 
 
 def test_request_headers_keep_a_client_key_that_is_not_a_proxy_key() -> None:
@@ -336,11 +427,57 @@ def test_mask_url(url: str, masked: str) -> None:
 
 async def test_readyz_masks_the_upstream_password(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
     host = fake.url.removeprefix("http://")
-    proxy = await make_proxy({"upstream": {"base_url": f"http://gateway-user:hunter2-secret@{host}/v1"}})
-    async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/readyz") as response:
+    proxy = await make_proxy({"server": {"admin_keys": [ADMIN_KEY]},
+                              "upstream": {"base_url": f"http://gateway-user:hunter2-secret@{host}/v1"}})
+    async with aiohttp.ClientSession() as session, \
+            session.get(f"{proxy.url}/readyz", headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as response:
         text = await response.text()
     assert "hunter2-secret" not in text
     assert json.loads(text)["upstream"] == f"http://gateway-user:***@{host}/v1"
+
+
+# --- /readyz details for operators only ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("headers", "operator"), [
+    ({}, False),
+    ({"Authorization": f"Bearer {PROXY_KEY}"}, False),
+    ({"x-proxy-api-key": PROXY_KEY}, False),
+    ({"Authorization": f"Bearer {ADMIN_KEY}x"}, False),
+    ({"Authorization": f"Bearer {ADMIN_KEY[:-1]}"}, False),
+    ({"x-proxy-api-key": ADMIN_KEY}, True),
+    ({"Authorization": f"Bearer {ADMIN_KEY}"}, True),
+    ({"x-api-key": ADMIN_KEY}, True),
+], ids=["none", "proxy-key", "proxy-key-dedicated", "admin-key-longer", "admin-key-shorter", "admin-dedicated",
+        "admin-bearer", "admin-x-api-key"])
+async def test_readyz_shows_the_upstream_and_the_store_only_to_an_operator(
+        fake: FakeUpstream, make_proxy: ProxyFactory, redis_server: RedisServer,  # noqa: F811
+        headers: dict[str, str], operator: bool) -> None:
+    proxy = await make_proxy({**keyed(), "store": {"kind": "redis", "url": redis_server.url}})
+    async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/readyz", headers=headers) as response:
+        assert response.status == 200
+        text = await response.text()
+    body = json.loads(text)
+    assert (body["status"], body["store"]) == ("ready", "ok")
+    if operator:
+        assert body["upstream"] == f"{fake.url}/v1"
+        assert body["store_detail"] == {"kind": "redis", "url": redis_server.url, "reachable": True}
+    else:
+        assert set(body) == {"status", "store"}
+        assert fake.url not in text and str(redis_server.port) not in text
+
+
+async def test_an_admin_key_is_no_proxy_key_and_never_leaves(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(keyed())
+    async with aiohttp.ClientSession() as session:
+        for carrier in ({"Authorization": f"Bearer {ADMIN_KEY}"}, {"x-api-key": ADMIN_KEY},
+                        {"x-proxy-api-key": ADMIN_KEY}):
+            async with session.get(f"{proxy.url}/v1/models", headers=carrier) as response:
+                assert response.status == 401
+        assert fake.requests == []
+        headers = {"x-proxy-api-key": PROXY_KEY, "Authorization": f"Bearer {ADMIN_KEY}", "x-api-key": ADMIN_KEY}
+        async with session.get(f"{proxy.url}/v1/models", headers=headers) as response:
+            assert response.status == 200
+    assert len(fake.requests) == 1 and ADMIN_KEY not in everything_received(fake)
 
 
 def test_check_config_masks_url_passwords(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

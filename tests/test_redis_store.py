@@ -141,6 +141,41 @@ async def test_unreadable_records_are_ignored_and_cleared(store: RedisStore, red
     await raw.aclose()
 
 
+
+# --- announcements -------------------------------------------------------------------------------------------
+
+JUNK_ANNOUNCEMENTS = [
+    b"stored",                                      # one field
+    b"stored ns:only-a-key",                        # two fields
+    b"stored ns:key holder extra",                  # four fields
+    b"",                                            # empty
+    b"\xff\xfe \xc0\xae holder",                    # not UTF-8
+    b"stored ns:key " + b"h" * (1024 * 1024),       # huge
+    b"x" * (1024 * 1024),                           # huge, no field at all
+]
+
+
+async def test_malformed_announcements_are_ignored_and_the_subscriber_keeps_listening(
+        redis_server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    errors = Errors()
+    store = make(redis_server, on_error=errors)
+    await listening(store)
+    caplog.set_level(logging.WARNING, logger="proxy.redis_store")
+    raw = aioredis.from_url(redis_server.url)
+    for junk in JUNK_ANNOUNCEMENTS:
+        assert await raw.publish("compaction-proxy:done", junk) == 1
+    # Published after the junk, on the same channel: heard only if the subscriber outlived every piece of it.
+    assert await raw.publish("compaction-proxy:done", f"{STORED} {TENANT}:p1 7:owner") == 1
+    assert await store.wait(TENANT, "p1", "7:owner", timeout=5) == STORED
+    assert await raw.publish("compaction-proxy:done", f"{DROPPED} {TENANT}:p2 8:owner") == 1
+    assert await store.wait(TENANT, "p2", "8:owner", timeout=5) == DROPPED
+    await raw.aclose()
+    await store.close()
+    assert errors == {"announcement": len(JUNK_ANNOUNCEMENTS)}
+    warnings = [record.getMessage() for record in caplog.records if "announcement" in record.getMessage()]
+    assert len(warnings) == 1 and "ignoring a malformed announcement" in warnings[0]  # rate-limited
+    assert "Task exception was never retrieved" not in caplog.text
+
 # --- leases --------------------------------------------------------------------------------------------------
 
 async def test_only_one_of_twenty_concurrent_acquirers_wins(redis_server: RedisServer) -> None:  # noqa: F811

@@ -71,10 +71,13 @@ async def raw_redis(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
+ADMIN_KEY = "admin-key-replicas-81c5"  # an operator's: /readyz shows the store's details to it alone
+
+
 def replica_config(fake: FakeUpstream, redis: RedisServer | None, **compaction: Any) -> dict[str, Any]:
     store: dict[str, Any] = {"kind": "memory"} if redis is None else {
         "kind": "redis", "url": redis.url, "lock_ttl_seconds": LOCK_TTL_SECONDS}
-    return {"upstream": {"base_url": f"{fake.url}/v1"},
+    return {"server": {"admin_keys": [ADMIN_KEY]}, "upstream": {"base_url": f"{fake.url}/v1"},
             "models": {"default": {"context_window": WINDOW}},
             # background off: a summary is built only when a request is over the threshold, never for the next turn
             "compaction": {"threshold": 0.8, "target": 0.5, "tail_budget": 0.25, "background": False, **compaction},
@@ -132,7 +135,7 @@ async def calibrate(base: str, model: Model) -> None:
 
 async def readiness(base: str) -> dict[str, Any]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        async with session.get(f"{base}/readyz") as response:
+        async with session.get(f"{base}/readyz", headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as response:
             assert response.status == 200, "a replica whose shared store is down stays in the load balancer"
             body: dict[str, Any] = await response.json()
             return body

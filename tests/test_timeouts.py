@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 import yaml
 
-from proxy.log_limits import BURST, RepeatLimiter
+from proxy.log_limits import RepeatLimiter
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 
@@ -244,14 +244,14 @@ IDLE_CONFIG = {"server": {"header_timeout": 3}, "upstream": {"base_url": "http:/
 @pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
 async def test_idle_sockets_at_the_open_files_limit_do_not_take_the_proxy_offline(tmp_path: Path,
                                                                                  event_loop: str) -> None:
-    """Soft and hard limit 1,024, so nothing can be raised: 1,100 silent sockets exhaust the descriptors until the
-    header timeout (3 s) drops them; the accept errors meanwhile (a thousand a second) are logged a few times, then
-    counted in one line."""
+    """Soft and hard limit 1,024, so nothing can be raised: of 1,100 silent sockets the longest idle are closed
+    (proxy.client_connections) before they exhaust the descriptors, so /healthz is answered at once and no accept
+    error floods the log (were one to, it is logged a few times then counted: see the rate-limit tests below)."""
     config = {**IDLE_CONFIG, "server": {**IDLE_CONFIG["server"], "event_loop": event_loop}}
     with proxy_process(tmp_path, config, (1024, 1024)) as (port, log_path):
         started = time.monotonic()
         idle = open_idle_sockets(port, 1100)
-        dropped_at_once = closed_by_peer(idle)  # within the header timeout: the proxy had no descriptor for them
+        dropped_at_once = closed_by_peer(idle)  # within the header timeout: shed to make room
         try:
             await healthz_within(port, 10)
             took = time.monotonic() - started
@@ -262,14 +262,8 @@ async def test_idle_sockets_at_the_open_files_limit_do_not_take_the_proxy_offlin
     print(f"\n/healthz answered {took:.2f}s after 1,100 idle sockets began; {log.count('Traceback')} tracebacks, "
           f"{len(log.splitlines())} log lines")
     assert took < 3 + 2
-    # asyncio logs each refused accept; uvloop (libuv) accepts and closes what it has no descriptor for.
-    exhausted = "Too many open files" in log if event_loop == "asyncio" else dropped_at_once > 0
-    assert exhausted, "the descriptors were not exhausted: the test proves nothing"
-    # Two call sites flood: the refused accepts, and at shutdown the accept retries asyncio left scheduled.
-    assert log.count("Traceback") <= 2 * BURST, log[-3000:]
-    if event_loop == "asyncio":  # its flood of accept errors is counted in one line
-        assert re.search(r"suppressed \d+ similar records in the last \d+s: socket.accept\(\) out of system resource",
-                         log)
+    assert dropped_at_once > 0 and "the open files limit of 1024" in log, "nothing shed: the test proves nothing"
+    assert "Too many open files" not in log and "Traceback" not in log, log[-3000:]
 
 
 @pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 4096, reason="needs a hard limit of 4,096")
