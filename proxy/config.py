@@ -192,7 +192,8 @@ class StoreConfig(_Frozen):
     max_value_bytes: int = Field(MIB, gt=0)
     # A summary's cross-replica lock lives this long unless its holder renews it (every third of it).
     lock_ttl_seconds: float = Field(30.0, ge=0.05)
-    # Socket connect/read timeout: an unreachable Redis must cost a request this much at most, once.
+    # Redis: socket connect/read timeout, so an unreachable Redis costs a request this much at most, once. SQLite:
+    # how long a read or write waits for a locked file before it is a miss (read) or not kept (write).
     timeout_seconds: float = Field(1.0, gt=0)
 
     @field_validator("url", "password", mode="before")

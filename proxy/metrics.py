@@ -67,6 +67,9 @@ class Metrics:
         self.requests = Counter(
             "compaction_proxy_requests", "Requests answered, by route, status and what compaction did",
             ["route", "status", "compaction"], registry=self.registry)
+        self.slow_readers_cut = Counter(
+            "compaction_proxy_slow_readers_cut", "Streams cut because the client took no bytes for "
+            "server.write_timeout", registry=self.registry)
         # Across workers: the sum over the workers alive (a dead worker's files are dropped by the supervisor).
         self.open_streams = Gauge(
             "compaction_proxy_open_streams", "Streamed answers being relayed right now", registry=self.registry,

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import traceback
+from collections.abc import AsyncIterator, Awaitable
 from contextvars import ContextVar
 
 from aiohttp import web
 
 from proxy.answer import Answer
 from proxy.appkeys import METRICS
+from proxy.config import ServerConfig
+from proxy.runtime import pinned
+from proxy.store_health import LogThrottle
 
 log = logging.getLogger(__name__)
+# One line per interval for clients cut as too slow, however many there are (the metric counts every one).
+_slow_log = LogThrottle(time.monotonic)
 
 # The response this request has started, if any. aiohttp buffers the status line until the first write, so the
 # writer alone cannot tell the error middleware that an error response is no longer possible; this can.
@@ -22,7 +30,8 @@ async def deliver(request: web.Request, answer: Answer) -> web.StreamResponse:
     """Send an answer: a whole body at once, or a stream chunk by chunk as it arrives.
 
     One rule for every route: once a stream is prepared nothing raises out of here but cancellation; a failure of
-    the upstream, of the answer's own work, or of the client's socket ends it by closing the connection.
+    the upstream, of the answer's own work, or of the client's socket ends it by closing the connection, and a
+    client that leaves one write's bytes untaken for server.write_timeout is cut (its connection aborted).
     """
     if answer.chunks is None:
         return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
@@ -32,17 +41,68 @@ async def deliver(request: web.Request, answer: Answer) -> web.StreamResponse:
     metrics = request.app.get(METRICS)
     if metrics is not None:
         metrics.open_streams.inc()
+    seconds = _write_timeout(request)
     try:
         async for chunk in answer.chunks:
             if chunk:
-                await response.write(chunk)
-        await response.write_eof()
+                await _within(seconds, response.write(chunk))
+        await _within(seconds, response.write_eof())
+    except _SlowReader:
+        _cut(request, seconds)
     except Exception as error:  # noqa: BLE001  # anything at all: the status line is out, an error cannot follow
         abandon(request, error)
     finally:
         if metrics is not None:
             metrics.open_streams.dec()
+        await _close(answer.chunks)
     return response
+
+
+class _SlowReader(Exception):
+    """The client did not take a write's bytes within server.write_timeout."""
+
+
+def _write_timeout(request: web.Request) -> float:
+    """The live setting (a reload applies to the next stream); the default for an app without runtimes."""
+    try:
+        return pinned(request).settings.server.write_timeout
+    except RuntimeError:
+        return float(ServerConfig.model_fields["write_timeout"].default)
+
+
+async def _within(seconds: float, write: Awaitable[None]) -> None:
+    # A write waits only while the socket's buffers are full: a client reading at a byte a second would hold
+    # this stream, and the upstream connection behind it, for as long as it liked.
+    try:
+        async with asyncio.timeout(seconds):
+            await write
+    except TimeoutError:
+        raise _SlowReader from None
+
+
+def _cut(request: web.Request, seconds: float) -> None:
+    """Abort (not close: a close waits to flush to the very client that does not read) and count the client."""
+    metrics = request.app.get(METRICS)
+    if metrics is not None:
+        metrics.slow_readers_cut.inc()
+    suppressed = _slow_log.allow("slow")
+    if suppressed is not None:
+        log.warning("a client left its stream's bytes untaken for %gs (server.write_timeout): cutting it and "
+                    "releasing its upstream connection%s", seconds,
+                    f" ({suppressed} more since the last report)" if suppressed else "")
+    if request.transport is not None:
+        request.transport.abort()
+
+
+async def _close(chunks: AsyncIterator[bytes]) -> None:
+    """Close the answer's chunks (an async generator), so the upstream response behind them is let go now."""
+    close = getattr(chunks, "aclose", None)
+    if close is None:
+        return
+    try:
+        await close()
+    except Exception as error:  # noqa: BLE001  # the stream is over either way; nothing may raise past deliver
+        log.warning("closing a stream's source failed (%s)", type(error).__name__)
 
 
 def clear_started() -> None:

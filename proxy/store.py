@@ -2,35 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 import logging
-import os
-import sqlite3
-import stat
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from proxy.config import StoreConfig
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 Clock = Callable[[], float]
-# Older SQLite builds cap bound parameters at 999; one slot goes to the namespace, one to the clock.
-_SQLITE_CHUNK = 900
-_PURGE_INTERVAL_SECONDS = 60.0
 # Bytes counted for one memory entry beyond its record's JSON: the key tuple, the entry tuple, the dict slot.
 _ENTRY_OVERHEAD_BYTES = 200
-# Records hold system prompts verbatim: only the proxy's own user may read them.
-_PRIVATE_FILE, _PRIVATE_DIRECTORY = 0o600, 0o700
-_SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
 
 
 @dataclass(frozen=True)
@@ -188,174 +174,11 @@ class MemoryStore:
         self._entries.clear()
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS summaries (
-    namespace TEXT NOT NULL,
-    prefix_hash TEXT NOT NULL,
-    prefix_len INTEGER NOT NULL,
-    record TEXT NOT NULL,
-    expires_at REAL NOT NULL,
-    PRIMARY KEY (namespace, prefix_hash)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS summaries_expiry ON summaries (expires_at);
-CREATE TABLE IF NOT EXISTS health (id INTEGER PRIMARY KEY, checked_at REAL NOT NULL);
-"""
-
-
-def _create_private(path: Path) -> tuple[int, int]:
-    """Create the store file and its missing directories for the owner only, tighten an existing file, and return
-    the file's identity (device, inode) so a deleted or replaced file is noticed later."""
-    for directory in reversed([parent for parent in path.parents if not parent.exists()]):
-        directory.mkdir(mode=_PRIVATE_DIRECTORY, exist_ok=True)
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, _PRIVATE_FILE)
-    try:
-        status = os.fstat(descriptor)
-        if not stat.S_ISREG(status.st_mode):
-            raise IsADirectoryError(f"{path} is not a regular file")
-        if stat.S_IMODE(status.st_mode) & ~_PRIVATE_FILE:
-            os.fchmod(descriptor, _PRIVATE_FILE)
-        identity = (status.st_dev, status.st_ino)
-    finally:
-        os.close(descriptor)
-    for suffix in _SQLITE_SIDECARS:
-        # SQLite gives new sidecars the database's mode; ones left by an older, laxer run are tightened.
-        sidecar = path.with_name(path.name + suffix)
-        if sidecar.exists() and stat.S_IMODE(sidecar.stat().st_mode) & ~_PRIVATE_FILE:
-            sidecar.chmod(_PRIVATE_FILE)
-    return identity
-
-
-class SqliteStore:
-    """Records in one SQLite file (WAL), so they survive restarts; blocking calls run off the event loop."""
-
-    def __init__(self, path: str | Path, ttl_seconds: float, clock: Clock = time.time) -> None:
-        if ttl_seconds <= 0:
-            raise ValueError("ttl_seconds must be positive")
-        self._path = Path(path)
-        self._ttl = ttl_seconds
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._connection: sqlite3.Connection | None = None
-        self._identity: tuple[int, int] | None = None
-        self._closed = False
-        self._last_purge = float("-inf")
-        self._writable = True
-
-    def _connect(self) -> sqlite3.Connection:
-        """The shared connection, opened on first use; the caller holds the lock."""
-        if self._closed:
-            raise RuntimeError("the summary store is closed")
-        if self._connection is None:
-            self._identity = _create_private(self._path)
-            connection = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
-            try:
-                connection.execute("PRAGMA journal_mode=WAL")
-                connection.execute("PRAGMA synchronous=NORMAL")
-                connection.executescript(_SCHEMA)
-            except sqlite3.Error:
-                connection.close()
-                raise
-            self._connection = connection
-        return self._connection
-
-    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        def locked() -> T:
-            with self._lock:
-                return work(self._connect())
-
-        return await asyncio.to_thread(locked)
-
-    @staticmethod
-    def _decode(text: str) -> CompactedPrefix | None:
-        try:
-            return CompactedPrefix.from_json(text)
-        except ValueError:
-            log.warning("ignoring an unreadable summary record")
-            return None
-
-    async def get(self, namespace: str, prefix_hash: str) -> CompactedPrefix | None:
-        def select(connection: sqlite3.Connection) -> str | None:
-            row = connection.execute(
-                "SELECT record FROM summaries WHERE namespace = ? AND prefix_hash = ? AND expires_at > ?",
-                (namespace, prefix_hash, self._clock()),
-            ).fetchone()
-            return None if row is None else row[0]
-
-        text = await self._run(select)
-        return None if text is None else self._decode(text)
-
-    async def put(self, namespace: str, record: CompactedPrefix) -> None:
-        def upsert(connection: sqlite3.Connection) -> None:
-            now = self._clock()
-            connection.execute(
-                "INSERT OR REPLACE INTO summaries (namespace, prefix_hash, prefix_len, record, expires_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (namespace, record.prefix_hash, record.prefix_len, record.to_json(), now + self._ttl),
-            )
-            if now - self._last_purge >= _PURGE_INTERVAL_SECONDS:
-                self._last_purge = now
-                connection.execute("DELETE FROM summaries WHERE expires_at <= ?", (now,))
-
-        await self._run(upsert)
-
-    async def longest_match(self, namespace: str, chain: Sequence[str]) -> CompactedPrefix | None:
-        """One IN query per chunk of the chain, longest prefixes first; the first verified hit is the longest."""
-
-        def select(connection: sqlite3.Connection, hashes: Sequence[str]) -> list[str]:
-            placeholders = ",".join("?" * len(hashes))
-            rows = connection.execute(
-                f"SELECT record FROM summaries WHERE namespace = ? AND expires_at > ?"
-                f" AND prefix_hash IN ({placeholders})",
-                (namespace, self._clock(), *hashes),
-            ).fetchall()
-            return [row[0] for row in rows]
-
-        for end in range(len(chain), 0, -_SQLITE_CHUNK):
-            hashes = chain[max(0, end - _SQLITE_CHUNK) : end]
-            texts = await self._run(functools.partial(select, hashes=hashes))
-            decoded = (self._decode(text) for text in texts)
-            best = _longest_verified((record for record in decoded if record is not None), chain)
-            if best is not None:
-                return best
-        return None
-
-    def _probe(self, connection: sqlite3.Connection) -> None:
-        """Raise unless the store would keep a record now: its file is still the one open, and takes a commit."""
-        try:
-            status = os.stat(self._path)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{self._path} was deleted") from None
-        if (status.st_dev, status.st_ino) != self._identity:
-            raise FileNotFoundError(f"{self._path} was replaced")
-        # A committed write, not a read or a rolled-back one: only a commit meets a full disk or a read-only mount.
-        connection.execute("INSERT OR REPLACE INTO health (id, checked_at) VALUES (1, ?)", (self._clock(),))
-
-    async def ping(self) -> bool:
-        try:
-            await self._run(self._probe)
-        except (sqlite3.Error, OSError, RuntimeError) as error:
-            if self._writable:
-                log.warning("the summary store at %s cannot take writes: %s", self._path, error)
-            self._writable = False
-            return False
-        self._writable = True
-        return True
-
-    async def close(self) -> None:
-        def shut() -> None:
-            with self._lock:
-                self._closed = True
-                if self._connection is not None:
-                    self._connection.close()
-                    self._connection = None
-
-        await asyncio.to_thread(shut)
-
-
 def open_store(config: StoreConfig, on_error: Callable[[str], None] | None = None,
                on_health: Callable[[bool], None] | None = None) -> SummaryStore:
     """The store a config names; opening is lazy, so a bad path or an absent Redis shows up in ping() rather
-    than here. `on_error(operation)` and `on_health(up)` report a shared store's failures (Redis catches its own)."""
+    than here. `on_error(operation)` counts a failure the store caught itself (Redis and sqlite degrade to "no
+    record"); `on_health(up)` reports a shared store going down and up."""
     if config.kind == "redis":
         # Imported here: redis_store imports this module, and memory or sqlite users need not load redis-py.
         from proxy.redis_store import RedisStore
@@ -364,5 +187,17 @@ def open_store(config: StoreConfig, on_error: Callable[[str], None] | None = Non
     if config.kind == "sqlite":
         if config.path is None:
             raise ValueError("a sqlite store needs a path")
-        return SqliteStore(config.path, config.ttl_seconds)
+        from proxy.sqlite_store import SqliteStore  # imported here: sqlite_store imports this module
+
+        return SqliteStore(config.path, config.ttl_seconds, timeout_seconds=config.timeout_seconds, on_error=on_error)
     return MemoryStore(config.max_entries, config.ttl_seconds, max_bytes=config.max_bytes)
+
+
+def __getattr__(name: str) -> Any:
+    # SqliteStore moved to proxy.sqlite_store (which imports this module); `from proxy.store import SqliteStore`
+    # still works.
+    if name == "SqliteStore":
+        from proxy.sqlite_store import SqliteStore
+
+        return SqliteStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,8 @@ import pytest
 from proxy.config import StoreConfig
 from proxy.fingerprint import hash_chain
 from proxy.single_flight import SingleFlight
-from proxy.store import CompactedPrefix, MemoryStore, SqliteStore, SummaryStore, open_store
+from proxy.sqlite_store import SqliteStore
+from proxy.store import CompactedPrefix, MemoryStore, SummaryStore, open_store
 from proxy.tenants import tenant_namespace
 
 TTL = 100.0

@@ -15,7 +15,8 @@ import pytest
 
 from proxy.config import MIB, StoreConfig, settings_from_mapping
 from proxy.fingerprint import hash_chain
-from proxy.store import CompactedPrefix, MemoryStore, SqliteStore, open_store
+from proxy.sqlite_store import SqliteStore
+from proxy.store import CompactedPrefix, MemoryStore, open_store
 from proxy.tenants import tenant_namespace
 from tests.conftest import ProxyFactory
 
@@ -85,13 +86,17 @@ async def sqlite_proxy(make_proxy: ProxyFactory, path: Path) -> str:
     return proxy.url
 
 
-async def test_readyz_is_503_when_the_store_file_is_deleted(make_proxy: ProxyFactory, tmp_path: Path) -> None:
+async def test_readyz_recovers_when_the_store_file_is_deleted(make_proxy: ProxyFactory, tmp_path: Path) -> None:
     path = tmp_path / "summaries.sqlite3"
     url = await sqlite_proxy(make_proxy, path)
     for leftover in tmp_path.glob("summaries.sqlite3*"):
         leftover.unlink()
-    status, body = await readyz(url)
-    assert (status, body["store"]) == (503, "unreachable")
+    for _ in range(2):                                   # noticed (and counted) once, then simply used
+        status, body = await readyz(url)
+        assert (status, body["store"]) == (200, "ok")
+    assert mode(path) == 0o600                           # created anew, private as the first one
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as response:
+        assert 'compaction_proxy_store_errors_total{operation="reopen"} 1.0' in await response.text()
 
 
 async def test_readyz_is_503_when_the_store_path_becomes_a_directory(make_proxy: ProxyFactory,
