@@ -18,11 +18,11 @@ from proxy.budget import Limits
 from proxy.calibration import Calibration
 from proxy.config import Settings
 from proxy.elision import elide_text
-from proxy.evidence import complete, gather, text_size
+from proxy.evidence import Evidence, complete, gather, text_size
 from proxy.flights import Flights, LocalFlights, RemoteFailure
-from proxy.messages import Message, is_instruction, is_user, role
+from proxy.messages import Message, is_instruction, is_tool_result, is_user, role, valid_text
 from proxy.metrics import Metrics
-from proxy.offload import off_loop_if_large
+from proxy.offload import LARGE_REPLY, off_loop_above, off_loop_if_large
 from proxy.plan import Plan, apply_replacement, plan_compaction, replacement
 from proxy.request_log import current_request_id
 from proxy.store import CompactedPrefix, SummaryStore
@@ -113,10 +113,18 @@ class Compactor:
             {"role": "assistant", "content": templates.continuation_note()},
             {"role": "assistant", "content": templates.acknowledgement()},
         )
+        self._summary_note = templates.summary_note()
 
-    @property
-    def filler_tokens(self) -> int:
-        return sum(self._counter.count_message(filler) for filler in self._fillers)
+    def filler_tokens(self, messages: Sequence[Message]) -> int:
+        """What the proxy's own words add to a compaction of `messages`: the fillers, and the summary's closing
+        note where the history has tool output for the summary to quote."""
+        note = self._counter.count_text(self._note_for(messages))
+        return note + sum(self._counter.count_message(filler) for filler in self._fillers)
+
+    def _note_for(self, messages: Sequence[Message]) -> str:
+        """The summary's closing note, when `messages` hold tool results (the summary sent as the user's message
+        may quote them); nothing for a conversation without tools."""
+        return f"\n\n{self._summary_note}" if any(is_tool_result(message) for message in messages) else ""
 
     def elision_marker(self, tokens: int) -> str:
         return self._templates.elision_marker(tokens)
@@ -151,7 +159,8 @@ class Compactor:
             return math.ceil(self._counter.count_message(message) * ratio)
 
         plan = plan_compaction(conversation.messages, count, limits, answer_tokens=answer_tokens,
-                               synthetic=conversation.synthetic, overhead=overhead + self.filler_tokens)
+                               synthetic=conversation.synthetic,
+                               overhead=overhead + self.filler_tokens(conversation.messages))
         if plan is None or plan.prefix_len <= conversation.replaced:
             return None
         return plan
@@ -169,6 +178,10 @@ class Compactor:
         except (SummarizerError, RemoteFailure) as error:
             log.warning("compaction failed (%s): %s", trigger, error)
             return Outcome(None, "failed")
+        except Exception:  # whatever broke (a store, a bug): the request goes on as it came
+            log.error("compaction failed (%s) unexpectedly; forwarding the request without a summary", trigger,
+                      exc_info=True)
+            return Outcome(None, "failed")
 
     def begin(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
               headers: Mapping[str, str], answer_tokens: int | None = None, overhead: int = 0,
@@ -181,7 +194,7 @@ class Compactor:
         plan = self.plan(conversation, limits, model=model, answer_tokens=answer_tokens, overhead=overhead)
         if plan is None:
             return "nothing_to_summarize"
-        if not force and not plan.worthwhile(self.filler_tokens):
+        if not force and not plan.worthwhile(self.filler_tokens(conversation.messages)):
             return "not_smaller"
         prefix_len = conversation.original_index(plan.prefix_len)
         prefix_hash = conversation.chain[prefix_len - 1]
@@ -216,7 +229,7 @@ class Compactor:
         started = time.monotonic()
         try:
             summary, messages, tokens_after = await self._fitting_summary(job)
-        except SummarizerError as error:
+        except Exception as error:  # a bug backs off too, rather than failing the same way on every turn
             self._backoff.failed(job.backoff_key)
             self._account_failure(job, error, time.monotonic() - started)
             raise
@@ -233,8 +246,16 @@ class Compactor:
         summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens, whole),
                                   list(job.plan.to_summarise), self._templates, counter=self._counter,
                                   max_calls=config.max_calls, deadline=config.timeout, prefix=job.prefix)
+        evidence = await off_loop_if_large(text_size(job.source), gather, job.source,
+                                           (*job.plan.head, *job.plan.kept_users)) if config.evidence else None
+        # Fitting counts the summary's tokens a few times over: a long reply (bounded, but up to ~32 bytes a token
+        # asked) is fitted in a thread, so no summariser can hold the event loop with it.
+        return await off_loop_above(LARGE_REPLY, len(summary.text), self._fitted, job, summary, evidence)
+
+    def _fitted(self, job: _Job, summary: Summary, evidence: Evidence | None) -> tuple[Summary, list[Message], int]:
         messages, tokens_after = self._replacement(job, summary)
-        if config.evidence and (completed := await self._with_evidence(job, summary, tokens_after)) is not summary:
+        if evidence is not None and (completed := self._with_evidence(job, summary, evidence,
+                                                                      tokens_after)) is not summary:
             summary = completed
             messages, tokens_after = self._replacement(job, summary)
         if job.room_beside_tail(tokens_after) < 0 and self._counter.count_text(summary.text) > job.own_ask:
@@ -256,11 +277,9 @@ class Compactor:
             raise too_long
         return summary, messages, tokens_after
 
-    async def _with_evidence(self, job: _Job, summary: Summary, tokens_as_written: int) -> Summary:
+    def _with_evidence(self, job: _Job, summary: Summary, evidence: Evidence, tokens_as_written: int) -> Summary:
         """The summary with the user's words, errors, commands and files it left out, read from the client's own
         messages (not the spliced history: a value an earlier summary dropped comes back)."""
-        evidence = await off_loop_if_large(text_size(job.source), gather, job.source,
-                                           (*job.plan.head, *job.plan.kept_users))
         count = self._counter.count_text
         # What the plan allots the summary, less what the model wrote, or at least a third of it whatever the
         # model wrote; for exact values also what the target leaves unused (the tail takes whole turns); and
@@ -283,7 +302,10 @@ class Compactor:
 
     def _replacement(self, job: _Job, summary: Summary) -> tuple[list[Message], int]:
         continuation, acknowledgement = self._fillers
-        messages = replacement(job.plan, summary.message, continuation, acknowledgement)
+        # The reply is valid text already; the evidence quotes the client's own messages, which may not be. The
+        # message goes with the user's role: its closing note says the tool output quoted in it is data.
+        message = {**summary.message, "content": valid_text(summary.text) + self._note_for(job.plan.to_summarise)}
+        messages = replacement(job.plan, message, continuation, acknowledgement)
         return messages, sum(self._counter.count_message(m) for m in messages)
 
     def _count_calls(self, calls: int, usage: Mapping[str, int], result: str) -> None:
@@ -306,14 +328,15 @@ class Compactor:
                              "summarizer_completion_tokens": summary.usage.get("completion_tokens", 0),
                              "structured": summary.structured is not None, "duration_ms": round(seconds * 1000, 1)}))
 
-    def _account_failure(self, job: _Job, error: SummarizerError, seconds: float) -> None:
+    def _account_failure(self, job: _Job, error: Exception, seconds: float) -> None:
+        calls, usage = (error.calls, error.usage) if isinstance(error, SummarizerError) else (0, {})
         self._metrics.compaction_failures.labels(job.trigger, type(error).__name__).inc()
         self._metrics.compaction_seconds.observe(seconds)
-        self._count_calls(max(error.calls, 1), error.usage, "error")
+        self._count_calls(max(calls, 1), usage, "error")
         log.warning(json.dumps({**job.log_fields(), "event": "compaction_failed", "error": type(error).__name__,
-                                "summarizer_calls": error.calls,
-                                "summarizer_prompt_tokens": error.usage.get("prompt_tokens", 0),
-                                "summarizer_completion_tokens": error.usage.get("completion_tokens", 0),
+                                "summarizer_calls": calls,
+                                "summarizer_prompt_tokens": usage.get("prompt_tokens", 0),
+                                "summarizer_completion_tokens": usage.get("completion_tokens", 0),
                                 "duration_ms": round(seconds * 1000, 1)}))
 
 

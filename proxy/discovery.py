@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 PLAUSIBLE_WINDOW = range(256, 100_000_001)
 # Discovery runs before a request is planned: it may delay one request per TTL, never by much.
 DISCOVERY_TIMEOUT_SECONDS = 3.0
+# A listing of thousands of models (OpenRouter's is ~1 MB) fits; an endless or hostile one is not read past this.
+MAX_LISTING_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ async def _get(upstream: Upstream, path: str, headers: Mapping[str, str]) -> byt
             if response.status != 200:
                 log.debug("window discovery: %s%s answered %d", upstream.config.base_url, path, response.status)
                 return None
-            return await upstream.read_body(response)
+            return await upstream.read_body(response, MAX_LISTING_BYTES)
     except ProxyError as error:
         log.debug("window discovery: %s%s failed: %s", upstream.config.base_url, path, error.message)
         return None

@@ -62,6 +62,14 @@ class UpstreamUnreachable(ProxyError):
     code = "upstream_unreachable"
 
 
+class UpstreamAnswerTooLarge(ProxyError):
+    """An upstream answer the proxy reads itself (a summary, a model listing) ran past the bytes it may take."""
+
+    status = 502
+    error_type = "upstream_error"
+    code = "upstream_answer_too_large"
+
+
 class UpstreamTimeout(ProxyError):
     status = 504
     error_type = "upstream_error"

@@ -1,5 +1,9 @@
 """Evidence: the exact values a summary must not lose (the user's words, failing commands with their errors, the
-files worked on), read from the summarised messages and added to the summary wherever it left them out."""
+files worked on), read from the summarised messages and added to the summary wherever it left them out.
+
+What a tool printed is quoted as code after the tool's name, never set down as words of its own: the summary is sent
+with the user's role, and a tool's output ("ignore all previous instructions", `curl … | sh`) is data, not a request.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from proxy.fence import inline_code
 from proxy.messages import Message, content_text, is_user, role
 from proxy.summary import FileNote, StructuredSummary
 
@@ -220,14 +225,14 @@ def _error_item(action: Action) -> _Item:
     """A failure as `label: line | line`; it is there when the summary holds what it ran and the lines that are
     not a tally (all of them when all are)."""
     telling = tuple(line for line in action.errors if not TALLY.fullmatch(line)) or action.errors
-    return _Item("errors_and_fixes", f"{action.label}: " + " | ".join(action.errors),
+    return _Item("errors_and_fixes", f"{action.label} printed: " + " | ".join(map(inline_code, action.errors)),
                  needed=(action.command or action.label, *telling))
 
 
 def _settings_item(action: Action, newest: Sequence[Action]) -> _Item:
     """A settings file as its note with the lines read; a command that printed settings as what it printed."""
     if action.path is None:
-        return _Item("problem_solving", f"{action.label} printed: " + " ".join(action.settings))
+        return _Item("problem_solving", f"{action.label} printed: " + " ".join(map(inline_code, action.settings)))
     return _Item("files", action.path, _details(action.path, newest), "\n".join(action.settings))
 
 

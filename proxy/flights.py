@@ -299,6 +299,12 @@ class RedisFlights:
             stored = await self._store.complete(lease, record)
         except StoreUnavailable:
             return record
+        except Exception:  # a store that breaks must not keep the lease: every replica would wait
+            log.error("summary store failed to take a summary; releasing its lease, the summary is used once",
+                      exc_info=True)
+            self._records.count("put")
+            await self._release(lease, DROPPED)
+            return record
         if not stored:
             self._lost(lease, "before the summary was stored; it is used once")
         return record
@@ -323,6 +329,9 @@ class RedisFlights:
             await self._store.release(lease, outcome)
         except StoreUnavailable:
             pass  # the lease expires by itself
+        except Exception:  # nor may a failed release turn into the request's failure
+            log.error("summary store failed to release a lease; it expires by itself", exc_info=True)
+            self._records.count("release")
 
     async def _until_landed(self, namespace: str, prefix_hash: str) -> None:
         """Until the holder lets go or dies, at most max_wait."""

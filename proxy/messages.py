@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 Message = dict[str, Any]
+# A surrogate code point on its own: JSON's `\ud800` escape makes one, and no UTF-8 encoder takes it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Messages that instruct rather than converse: never summarised away.
 INSTRUCTION_ROLES = frozenset({"system", "developer"})
@@ -67,3 +70,13 @@ def content_text(content: Any) -> str:
 def with_text(message: Message, text: str) -> Message:
     """A copy of `message` whose content is `text`; every other field (ids, names, reasoning) kept."""
     return {**message, "content": text}
+
+
+def valid_text(text: str) -> str:
+    """`text` as valid Unicode: each lone surrogate replaced by U+FFFD (what a UTF-8 decoder shows for bad bytes).
+    Text that was already valid is returned as it is, unchanged and uncopied."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text

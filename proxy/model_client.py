@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from proxy import budget
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, UpstreamAnswerTooLarge
 from proxy.offload import off_loop_if_large
 from proxy.overflow import detect_context_overflow
 from proxy.structured_output import FORMATS, Format, FormatMemory, Mode, memory_for, refuses, response_format
@@ -19,6 +19,11 @@ from proxy.upstream import Upstream, UpstreamRequest
 
 log = logging.getLogger(__name__)
 
+# A reply holds at most its output limit in tokens. A token is a few bytes of text; JSON escapes (`\\uXXXX` for every
+# character of some scripts, as Python servers write them) make it up to ~12, long runs of whitespace more. Past
+# this many bytes per token asked, plus the answer's envelope, a body is not this request's reply: reading stops.
+REPLY_BYTES_PER_TOKEN = 32
+REPLY_ENVELOPE_BYTES = 64 * 1024
 # Only what identifies the caller travels with a summariser request; nothing else of the client's request does.
 CREDENTIAL_HEADERS = ("authorization", "x-api-key", "openai-organization", "openai-project", "api-key")
 
@@ -71,8 +76,9 @@ class ModelClient:
             raise SummarizerOverflow("the summariser's prompt leaves no room for a summary")
         return room
 
-    def _request(self, sent: list[dict[str, Any]], tools: Any, kind: Format | None) -> UpstreamRequest:
-        """The summariser request: counting its prompt for the output limit is the costly part on a long one."""
+    def _request(self, sent: list[dict[str, Any]], tools: Any, kind: Format | None) -> tuple[UpstreamRequest, int]:
+        """The summariser request and the most bytes its answer may take: counting its prompt for the output limit
+        is the costly part on a long one."""
         limit = self.output_limit(sent)
         payload: dict[str, Any] = {"model": self.model, "messages": sent, "stream": False, self._output_field: limit}
         if tools is not None:
@@ -82,7 +88,8 @@ class ModelClient:
             payload["temperature"] = self._temperature
         if kind is not None:
             payload["response_format"] = response_format(kind, limit)
-        return UpstreamRequest("POST", "/chat/completions", "", self._headers, json.dumps(payload).encode())
+        body = json.dumps(payload).encode()
+        return UpstreamRequest("POST", "/chat/completions", "", self._headers, body), reply_bound(limit)
 
     async def complete(self, system: str | None, messages: list[dict[str, Any]],
                        tools: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -130,7 +137,7 @@ class ModelClient:
         refused: list[Format] = []
         for kind in (*self._formats_now(), None):
             try:
-                status, body = await self._send(await off_loop_if_large(size, self._request, sent, tools, kind))
+                status, body = await self._send(*await off_loop_if_large(size, self._request, sent, tools, kind))
             except SummarizerError:
                 self._forgive(refused)
                 raise
@@ -152,15 +159,26 @@ class ModelClient:
         for kind in refused:
             self._formats.forgive(self._key, kind)
 
-    async def _send(self, request: UpstreamRequest) -> tuple[int, bytes]:
+    async def _send(self, request: UpstreamRequest, bound: int) -> tuple[int, bytes]:
+        """(status, body) of one request; a body is read up to `bound` bytes and no further."""
         try:
             async with asyncio.timeout(self._timeout):
                 async with self._upstream.open(request) as response:
-                    return response.status, await self._upstream.read_body(response)
+                    if response.content_type == "text/event-stream":
+                        # Asked for one reply, a stream is no answer: its end is not in sight, nor its size.
+                        raise SummarizerError("the summariser answered a request for one reply with a stream")
+                    return response.status, await self._upstream.read_body(response, bound)
         except TimeoutError as error:
             raise SummarizerError(f"the summariser took longer than {self._timeout:g}s") from error
+        except UpstreamAnswerTooLarge as error:
+            raise SummarizerError(f"the summariser's answer is too long to be a summary: {error.message}") from error
         except ProxyError as error:
             raise SummarizerError(f"the summariser could not be reached: {error.message}") from error
+
+
+def reply_bound(output_tokens: int) -> int:
+    """The most bytes an answer asking for `output_tokens` may take (a generous factor: see REPLY_BYTES_PER_TOKEN)."""
+    return REPLY_ENVELOPE_BYTES + REPLY_BYTES_PER_TOKEN * max(0, output_tokens)
 
 
 def _first_choice(body: bytes) -> tuple[dict[str, Any], dict[str, Any]]:

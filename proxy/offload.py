@@ -15,6 +15,9 @@ LARGE = 256 * 1024
 # Bytes of JSON below which parsing stays on the loop. A parser holds the GIL, so a thread lets the loop in only
 # at the interpreter's switch interval (5 ms): worth it only for a body that takes longer than that to read.
 LARGE_JSON = 4 * 1024 * 1024
+# Characters of a summariser's reply above which parsing, judging and rendering it (pure Python, GIL held) runs in a
+# thread: a real summary is a few thousand; a hostile one up to the reply's byte bound (proxy.model_client).
+LARGE_REPLY = 64 * 1024
 
 
 async def off_loop_above(limit: int, size: int, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

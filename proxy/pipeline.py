@@ -151,9 +151,9 @@ class ChatPipeline:
         headers = {"x-compaction": "none", "x-compaction-shadow": decision}
         plan = self._compactor.plan(conversation, journey.limits, model=call.model, overhead=self._overhead(journey)) \
             if decision in ("proactive", "reactive") else None
-        if plan is not None and plan.worthwhile(self._compactor.filler_tokens):
-            saved = plan.span_tokens - plan.kept_system_tokens - plan.kept_user_tokens - plan.summary_tokens \
-                - self._compactor.filler_tokens
+        fillers = self._compactor.filler_tokens(conversation.messages)
+        if plan is not None and plan.worthwhile(fillers):
+            saved = plan.span_tokens - plan.kept_system_tokens - plan.kept_user_tokens - plan.summary_tokens - fillers
             headers["x-compaction-shadow-tokens-before"] = str(before)
             headers["x-compaction-shadow-tokens-after"] = str(before - saved)
             self._metrics.shadow_saved_tokens.inc(saved)

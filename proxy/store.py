@@ -40,18 +40,23 @@ class CompactedPrefix:
         return self.prefix_len <= len(chain) and chain[self.prefix_len - 1] == self.prefix_hash
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "prefix_hash": self.prefix_hash,
-                "prefix_len": self.prefix_len,
-                "replacement": list(self.replacement),
-                "tokens_before": self.tokens_before,
-                "tokens_after": self.tokens_after,
-                "model": self.model,
-                "created_at": self.created_at,
-            },
-            ensure_ascii=False,
-        )
+        """The record as JSON text that encodes to UTF-8: a client's message may hold a lone surrogate (JSON lets it
+        send `\\ud800`), which only an ASCII escape carries, losslessly, through a UTF-8 store."""
+        fields = {
+            "prefix_hash": self.prefix_hash,
+            "prefix_len": self.prefix_len,
+            "replacement": list(self.replacement),
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "model": self.model,
+            "created_at": self.created_at,
+        }
+        text = json.dumps(fields, ensure_ascii=False)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(fields)
+        return text
 
     @classmethod
     def from_json(cls, text: str | bytes) -> CompactedPrefix:

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from proxy import budget
+from proxy import budget, summary_check
 from proxy.elision import elide_text
-from proxy.messages import Message, with_text
-from proxy.offload import off_loop_if_large
+from proxy.messages import Message, content_text, with_text
+from proxy.offload import LARGE_REPLY, off_loop_above, off_loop_if_large
 from proxy.result_removal import removal_ladder
-from proxy.summary import StructuredSummary, summary_text
+from proxy.summary import StructuredSummary
 from proxy.summary_run import (
     ChatModel,
     ConversationPrefix,
@@ -71,6 +71,8 @@ async def summarize(model: ChatModel, messages: Sequence[Any], templates: Templa
     try:
         async with asyncio.timeout(deadline):
             strategy, reply = await _summarize_history(run, history, prefix)
+            await off_loop_above(LARGE_REPLY, len(reply), _judge, reply, history)
+            structured, text = await run.parse(reply), await run.text_of(reply)
     except TimeoutError:
         error = SummarizerError(f"the summary took longer than its deadline of {deadline:g}s")
         error.usage, error.calls = dict(run.usage), run.calls
@@ -78,9 +80,16 @@ async def summarize(model: ChatModel, messages: Sequence[Any], templates: Templa
     except SummarizerError as error:
         error.usage, error.calls = dict(run.usage), run.calls
         raise
-    text = summary_text(reply, run.templates)
     return Summary(message={"role": "user", "content": text}, usage=dict(run.usage), calls=run.calls,
-                   structured=StructuredSummary.parse(reply), text=text, strategy=strategy)
+                   structured=structured, text=text, strategy=strategy)
+
+
+def _judge(reply: str, history: list[Message]) -> None:
+    """Refuse a reply that cannot be a summary of `history` (markup, a loop, a word or two): the raw-text fallback
+    takes any text, and what replaces the history is reused on every later turn."""
+    replaced = sum(len(content_text(message.get("content"))) for message in history)
+    if (reason := summary_check.problem(reply, replaced)) is not None:
+        raise SummarizerError(f"the summariser's reply is not a summary: {reason}")
 
 
 async def _summarize_history(run: SummaryRun, history: list[Message],
@@ -156,10 +165,10 @@ async def _split_part(run: SummaryRun, chunk: list[Message], index: int, count: 
     """
     instruction = run.templates.chunk_instruction(index, count, window=run.window)
     if len(chunk) < 2:
-        return [summary_text(await _ask_eliding(run, chunk[0], instruction, depth), run.templates)]
+        return [await run.text_of(await _ask_eliding(run, chunk[0], instruction, depth))]
     try:
         reply = await run.ask(format_transcript(chunk), instruction)
-        return [summary_text(reply, run.templates)]
+        return [await run.text_of(reply)]
     except SummarizerOverflow as overflow:
         if depth >= MAX_SPLIT_DEPTH:
             raise SummarizerError(f"history still overflows after {depth} halvings") from overflow
@@ -230,4 +239,4 @@ async def _merge(run: SummaryRun, partials: list[str]) -> str:
 async def _merged_text(run: SummaryRun, partials: list[str]) -> str:
     if len(partials) == 1:
         return partials[0]
-    return summary_text(await _merge(run, partials), run.templates)
+    return await run.text_of(await _merge(run, partials))

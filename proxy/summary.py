@@ -40,6 +40,9 @@ _OBJECT_OPENING = re.compile(r"\{\s*[\"}]")
 # a reply of thousands of fences or terminators would take quadratic time; a real reply has one or two. Past this
 # many decodes the reply is left to the raw-text fallback, which loses nothing.
 MAX_DECODES = 64
+# A summary object is a few levels deep (fields, lists, file notes) and holds tens to hundreds of values.
+MAX_DEPTH = 16
+MAX_ITEMS = 4096
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*(?:\r\n|\n|\r))+")
 _LINE_BREAK = re.compile(r"\s*(?:\r\n|\n|\r)\s*")
 
@@ -187,7 +190,22 @@ def _decode_object(text: str, start: int) -> tuple[dict[str, Any], int] | None:
         value, end = _DECODER.raw_decode(text, start)
     except (ValueError, RecursionError):
         return None
-    return (value, end) if isinstance(value, dict) else None
+    return (value, end) if isinstance(value, dict) and _shallow(value) else None
+
+
+def _shallow(value: Any) -> bool:
+    """Whether a decoded object stays within MAX_DEPTH levels and MAX_ITEMS containers and values in all; anything
+    bigger is no summary a model writes, and reading it (recursively, then rendering it) would cost without bound."""
+    pending: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
+    seen = 1
+    while pending:
+        container, depth = pending.pop()
+        children = list(container.values()) if isinstance(container, dict) else container
+        seen += len(children)
+        if depth > MAX_DEPTH or seen > MAX_ITEMS:
+            return False
+        pending += [(child, depth + 1) for child in children if isinstance(child, dict | list)]
+    return True
 
 
 def _text(value: Any) -> str | None:

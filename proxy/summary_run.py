@@ -10,8 +10,9 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from proxy import budget
-from proxy.messages import Message, content_text, is_user
-from proxy.summary import StructuredSummary
+from proxy.messages import Message, content_text, is_user, valid_text
+from proxy.offload import LARGE_REPLY, off_loop_above, off_loop_if_large
+from proxy.summary import StructuredSummary, rendered_text
 from proxy.templates import Templates
 from proxy.tokens import TokenCounter
 
@@ -79,6 +80,7 @@ class SummaryRun:
         self._max_calls = max_calls
         self.calls = 0
         self.usage = dict.fromkeys(USAGE_KEYS, 0)
+        self._parsed: tuple[str, StructuredSummary | None] | None = None  # the last reply parsed, and what it gave
 
     @property
     def counter(self) -> TokenCounter:
@@ -102,7 +104,7 @@ class SummaryRun:
             return [{"role": "system", "content": self.templates.compaction_prompt(transcript, window=self.window,
                                                                                    limit=limit)},
                     {"role": "user", "content": instruction}]
-        sent = self._stating_its_limit(build)
+        sent = await self._stating_its_limit(build)
         return await self._send(str(sent[0]["content"]), sent[1:])
 
     async def ask_after(self, prefix: ConversationPrefix) -> str:
@@ -114,7 +116,7 @@ class SummaryRun:
         def build(limit: int | None) -> list[Message]:
             return [*messages, {"role": "user", "content": self.templates.compaction_request(window=self.window,
                                                                                              limit=limit)}]
-        return await self._send(None, self._stating_its_limit(build), prefix.tools)
+        return await self._send(None, await self._stating_its_limit(build), prefix.tools)
 
     @contextmanager
     def asking(self, tokens: int | None) -> Iterator[None]:
@@ -133,7 +135,7 @@ class SummaryRun:
         """Whether requests now ask for less than the summary's own ask."""
         return self.model is not self.own_model
 
-    def _stating_its_limit(self, build: Callable[[int | None], list[Message]]) -> list[Message]:
+    async def _stating_its_limit(self, build: Callable[[int | None], list[Message]]) -> list[Message]:
         """The request built to state the output it will get: the ask, or less when its prompt leaves less (an
         ask beyond the part that must fit whole gives way, before the input loses anything). A model told more
         than it gets runs past its limit and is cut off."""
@@ -142,7 +144,8 @@ class SummaryRun:
         if not (self.limit and callable(fit)):
             return sent
         try:
-            actual = fit(sent)
+            # Counting a long prompt (a transcript, partial summaries to merge) is the costly part.
+            actual = await off_loop_if_large(sum(len(content_text(m.get("content"))) for m in sent), fit, sent)
         except SummarizerOverflow:
             return sent  # sending it reports the overflow, as for any request
         return build(actual) if isinstance(actual, int) and 0 < actual < self.limit else sent
@@ -170,21 +173,36 @@ class SummaryRun:
             raise SummarizerError(f"summariser request failed: {type(error).__name__}: {error}") from error
         if not isinstance(reply, dict):
             raise SummarizerError(f"summariser reply is not a chat message: {type(reply).__name__}")
-        text = content_text(reply.get("content"))
+        # A lone surrogate (a `\ud800` escape in the answer's JSON) would make the summary unstorable and unsendable.
+        text = valid_text(content_text(reply.get("content")))
         self._add_usage(usage, system, messages, text)  # a rejected reply was still billed
         if reply.get("finish_reason") == "length":
-            self._report_parse(None)  # a reply that ran to its limit failed to parse too: it was never whole
+            await self._report_parse(None)  # a reply that ran to its limit failed to parse too: it was never whole
             raise SummaryTruncated("summariser reply was cut off by the output limit")
         if not text.strip():
             raise SummarizerError("summariser reply is empty")
-        self._report_parse(text)
+        await self._report_parse(text)
         return text
 
-    def _report_parse(self, text: str | None) -> None:
+    async def _report_parse(self, text: str | None) -> None:
         # A model that may ask for structured output (proxy.model_client) learns from whether its replies parse.
         report = getattr(self.model, "reply_parsed", None)
         if callable(report):
-            report(text is not None and StructuredSummary.parse(text) is not None)
+            report(text is not None and await self.parse(text) is not None)
+
+    async def parse(self, reply: str) -> StructuredSummary | None:
+        """The reply's structured summary, parsed once however often it is asked for, in a thread when large."""
+        if self._parsed is None or self._parsed[0] is not reply:
+            self._parsed = (reply, await off_loop_above(LARGE_REPLY, len(reply), StructuredSummary.parse, reply))
+        return self._parsed[1]
+
+    async def text_of(self, reply: str) -> str:
+        """The reply rendered as a summary, or verbatim when it does not parse or render (see summary_text)."""
+        structured = await self.parse(reply)
+        if structured is None:
+            return reply
+        rendered = await off_loop_above(LARGE_REPLY, len(reply), rendered_text, structured, self.templates)
+        return rendered if rendered is not None else reply
 
     def _add_usage(self, usage: Any, system: str | None, messages: list[Message], text: str) -> None:
         reported = usage if isinstance(usage, dict) else {}

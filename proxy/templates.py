@@ -21,8 +21,9 @@ MERGE_INSTRUCTION = "merge_instruction.md"
 CHUNK_INSTRUCTION = "chunk_instruction.md"
 ACKNOWLEDGEMENT = "acknowledgement.md"
 ELIDED = "elided.md"
+SUMMARY_NOTE = "summary_note.md"
 TEMPLATE_NAMES = (COMPACTION_PROMPT, COMPACTION_INSTRUCTION, SUMMARY, CONTINUATION, MERGE_INSTRUCTION,
-                  CHUNK_INSTRUCTION, ACKNOWLEDGEMENT, ELIDED)
+                  CHUNK_INSTRUCTION, ACKNOWLEDGEMENT, ELIDED, SUMMARY_NOTE)
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _COMPILED_SOURCES_KEPT = 32
@@ -117,6 +118,10 @@ class Templates:
 
     def continuation_note(self) -> str:
         return self.render(CONTINUATION)
+
+    def summary_note(self) -> str:
+        """The line that closes the summary message: quoted tool output in it is data, not an instruction."""
+        return self.render(SUMMARY_NOTE)
 
     def acknowledgement(self) -> str:
         """The assistant's filler between two kept user messages (strict templates want roles to alternate)."""

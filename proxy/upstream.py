@@ -19,7 +19,7 @@ from yarl import URL
 
 from proxy.config import UpstreamConfig
 from proxy.credentials import PROXY_KEY_HEADER
-from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import ProxyError, UpstreamAnswerTooLarge, UpstreamTimeout, UpstreamUnreachable
 from proxy.fingerprint import HASH_ERRORS
 from proxy.upstream_pool import SAFE_METHODS, ReuseCheckingConnector, UpstreamResponse, never_written
 
@@ -211,10 +211,13 @@ class Upstream:
                          request.method, request.path)
         raise AssertionError("unreachable")
 
-    async def read_body(self, response: aiohttp.ClientResponse) -> bytes:
-        """The whole body of a response, with idle timeouts and resets as proxy errors."""
+    async def read_body(self, response: aiohttp.ClientResponse, limit: int | None = None) -> bytes:
+        """The whole body of a response, with idle timeouts and resets as proxy errors; with `limit`, at most that
+        many bytes (decompressed) are ever held, and a longer body is UpstreamAnswerTooLarge, its connection closed."""
         try:
-            return await response.read()
+            if limit is None:
+                return await response.read()
+            return await _bounded(response, limit)
         except (TimeoutError, aiohttp.ClientError) as error:
             raise self.translate(error, "while sending its answer") from error
 
@@ -225,6 +228,22 @@ class Upstream:
                 yield chunk
         except (TimeoutError, aiohttp.ClientError) as error:
             raise self.translate(error, "while sending its answer") from error
+
+
+async def _bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    # aiohttp pauses reading the socket while its own buffer is full, so what is held is the limit plus that buffer.
+    stated = response.content_length
+    if stated is not None and stated > limit:
+        raise UpstreamAnswerTooLarge(f"the upstream's answer states {stated} bytes, over the {limit} this read takes")
+    pieces: list[bytes] = []
+    size = 0
+    async for piece in response.content.iter_any():
+        size += len(piece)
+        if size > limit:
+            response.close()
+            raise UpstreamAnswerTooLarge(f"the upstream's answer ran past the {limit} bytes this read takes")
+        pieces.append(piece)
+    return b"".join(pieces)
 
 
 def create_session(config: UpstreamConfig) -> aiohttp.ClientSession:

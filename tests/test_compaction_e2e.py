@@ -431,6 +431,12 @@ def summariser_replying(model: WindowedModel, text: str) -> Any:
     return hook
 
 
+def varied_words(count: int) -> str:
+    """`count` words that do not repeat (note0 note1 …): a long summary as a model writes one, which no check takes
+    for a loop."""
+    return " ".join(f"note{index}" for index in range(count))
+
+
 async def summarised_by(reply: str, model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory,
                         **summarizer: Any) -> openai.AsyncOpenAI:
     """A client of a calibrated proxy (no background summaries) whose summariser replies `reply`."""
@@ -445,7 +451,7 @@ async def summarised_by(reply: str, model: WindowedModel, fake: FakeUpstream, ma
 async def test_a_summary_longer_than_the_window_allows_loses_its_middle_and_the_conversation_goes_on(
         model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
     # Parts kept side by side can add up like this.
-    client = await summarised_by("FACT-0 " + "more words " * 4000 + "FACT-LAST", model, fake, make_proxy)
+    client = await summarised_by(f"FACT-0 {varied_words(8000)} FACT-LAST", model, fake, make_proxy)
     history = big_history(20)
     first = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
     assert first.headers["x-compaction"] == "proactive"
@@ -453,7 +459,7 @@ async def test_a_summary_longer_than_the_window_allows_loses_its_middle_and_the_
     assert all(call.prompt_tokens <= model.window for call in model.chat_calls)
     forwarded = json.dumps(model.chat_calls[-1].body["messages"])
     assert "FACT-0" in forwarded and "FACT-LAST" in forwarded, "both ends of the summary are kept"
-    assert "were left out here by the proxy" in forwarded and "more words " * 4000 not in forwarded
+    assert "were left out here by the proxy" in forwarded and varied_words(8000) not in forwarded
     fake.chat_hook = model
     second = await client.chat.completions.with_raw_response.create(model="fake-small", messages=history)
     assert second.headers["x-compaction"] == "reused", "the shortened summary is stored and spliced in again"
@@ -487,7 +493,7 @@ async def test_a_failing_command_the_summary_left_out_is_added_verbatim(evidence
     forwarded = model.chat_calls[-1].body["messages"]
     summary = next(m["content"] for m in forwarded if m["role"] == "user" and "# Conversation Summary" in m["content"])
     assert "FACT-0" in summary, "the model's own summary stays"
-    quoted = "`pytest -k shard_77`: E   ShardError: checksum mismatch in shard 77"
+    quoted = "`pytest -k shard_77` printed: `E   ShardError: checksum mismatch in shard 77`"
     assert (quoted in summary) is evidence
     assert all(call.prompt_tokens <= model.window for call in model.chat_calls)
 
@@ -524,18 +530,18 @@ async def test_a_summary_of_any_length_leaves_a_compacted_request_inside_the_win
     # the retry overflowed and the compaction failed, every turn. Whatever length the model writes, the compacted
     # request must fit, and the evidence may take only what the window leaves.
     for words in range(100, 8000, 100):
-        outcome, prompts = await compacted_with("FACT-0 " + "word " * words, evidence, model, fake, make_proxy)
+        outcome, prompts = await compacted_with(f"FACT-0 {varied_words(words)}", evidence, model, fake, make_proxy)
         assert outcome == "proactive", f"{words} words: {outcome}"
         assert all(tokens <= model.window for tokens in prompts), f"{words} words: {prompts}"
         summary = next(str(m["content"]) for m in model.chat_calls[-1].body["messages"]
                        if "FACT-0" in str(m["content"]))
-        assert "FACT-0 word" in summary, f"{words} words: the summary's start is kept"
+        assert "FACT-0 note0" in summary, f"{words} words: the summary's start is kept"
 
 
 async def test_with_room_the_evidence_is_added(model: WindowedModel, fake: FakeUpstream,
                                                make_proxy: ProxyFactory) -> None:
-    quoted, _ = await compacted_with("FACT-0 " + "word " * 100, True, model, fake, make_proxy)
-    summary = next(m["content"] for m in model.chat_calls[-1].body["messages"] if "FACT-0 word" in str(m["content"]))
+    quoted, _ = await compacted_with(f"FACT-0 {varied_words(100)}", True, model, fake, make_proxy)
+    summary = next(m["content"] for m in model.chat_calls[-1].body["messages"] if "FACT-0 note0" in str(m["content"]))
     assert quoted == "proactive" and "checksum mismatch in shard 77" in summary
 
 

@@ -221,6 +221,29 @@ async def test_an_abandoned_build_is_taken_over_at_once(replicas: Replicas) -> N
     assert await asyncio.wait_for(second, timeout=10) == RECORD and spare.calls == 1
 
 
+async def test_a_store_that_cannot_take_the_summary_releases_its_lease(replicas: Replicas,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record fails to encode (a lone surrogate did, once): the lease is let go at once, not left for its TTL
+    with every other replica waiting on it, and the summary still serves the request that built it."""
+    (holding, holder), (_, waiter) = replicas(2, lock_ttl=30.0, poll=30.0)
+
+    def unencodable(record: CompactedPrefix) -> bytes:
+        raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+    monkeypatch.setattr(holding, "_encode", unencodable)
+    gate = asyncio.Event()
+    first = holder.start(TENANT, KEY, Builder(gate=gate))
+    await until(claimed(holding))
+    spare = Builder()
+    second = waiter.start(TENANT, KEY, spare)
+    await asyncio.sleep(0.2)
+    gate.set()
+    assert await asyncio.wait_for(first, timeout=5) == RECORD
+    # Woken by the release, not by a 30 s poll or the lease's 30 s expiry: it builds and stores the summary itself.
+    assert await asyncio.wait_for(second, timeout=5) == RECORD and spare.calls == 1
+    assert await holding.holder(TENANT, KEY) is None and await holding.get(TENANT, KEY) == RECORD
+
+
 async def test_waiting_longer_than_max_wait_is_a_remote_failure(replicas: Replicas) -> None:
     (holding, holder), (_, waiter) = replicas(2, lock_ttl=2.0, poll=0.05, max_wait=0.6)
     gate = asyncio.Event()

@@ -7,14 +7,18 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import aiohttp
 import pytest
 
 from proxy.app import start_server
 from proxy.config import settings_from_mapping
+from proxy.model_client import reply_bound
 from tests.conftest import serve_app
-from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
+from tests.fakes.hostile_summariser import HostileSummariser, filled_body, filling, words
+from tests.fakes.openai_upstream import ChatHook, FakeUpstream, FakeUpstreamApp
 from tests.fakes.windowed import WindowedModel
 
 # Far above any stall that small work causes on a busy 2-core machine, far below the seconds a history of this size
@@ -22,10 +26,10 @@ from tests.fakes.windowed import WindowedModel
 STALL_LIMIT = 0.5
 
 
-@pytest.fixture
-def upstream_in_a_thread() -> Iterator[tuple[str, WindowedModel]]:
-    """The fake upstream on its own loop in its own thread, so its token counting cannot stall the proxy's loop."""
-    model = WindowedModel(window=10_000_000)
+@contextmanager
+def served_in_a_thread(hook: ChatHook) -> Iterator[str]:
+    """A fake upstream answering chat with `hook`, on its own loop in its own thread, so its work (counting tokens,
+    writing big answers) cannot stall the proxy's loop; yields its URL."""
     ready: dict[str, str] = {}
     started = threading.Event()
     stop: asyncio.Event | None = None
@@ -35,7 +39,7 @@ def upstream_in_a_thread() -> Iterator[tuple[str, WindowedModel]]:
         nonlocal stop
         stop = asyncio.Event()
         state = FakeUpstream()
-        state.chat_hook = model
+        state.chat_hook = hook
         runner, url = await serve_app(FakeUpstreamApp(state).build())
         ready["url"] = url
         started.set()
@@ -45,10 +49,42 @@ def upstream_in_a_thread() -> Iterator[tuple[str, WindowedModel]]:
     thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
     thread.start()
     assert started.wait(10)
-    yield ready["url"], model
+    yield ready["url"]
     assert stop is not None
     loop.call_soon_threadsafe(stop.set)
     thread.join(10)
+
+
+@pytest.fixture
+def upstream_in_a_thread() -> Iterator[tuple[str, WindowedModel]]:
+    model = WindowedModel(window=10_000_000)
+    with served_in_a_thread(model) as url:
+        yield url, model
+
+
+@contextmanager
+def probing(url: str) -> Iterator[list[float]]:
+    """/healthz probed every 10 ms from a thread of its own (another client, not a task on the proxy's loop, which a
+    stalled loop would hold back unmeasured); yields the probes' latencies, complete once the block is left."""
+    latencies: list[float] = []
+    finished = threading.Event()
+
+    async def probe() -> None:
+        async with aiohttp.ClientSession() as session:
+            while not finished.is_set():
+                started = time.perf_counter()
+                async with session.get(f"{url}/healthz") as response:
+                    await response.read()
+                latencies.append(time.perf_counter() - started)
+                await asyncio.sleep(0.01)
+
+    thread = threading.Thread(target=asyncio.run, args=(probe(),), daemon=True)
+    thread.start()
+    try:
+        yield latencies
+    finally:
+        finished.set()
+        thread.join(30)
 
 
 def huge_history(turns: int) -> list[dict[str, str]]:
@@ -59,36 +95,61 @@ def huge_history(turns: int) -> list[dict[str, str]]:
     return [*history, {"role": "user", "content": "go on"}]
 
 
+async def forced_compaction_while_probing(upstream: str, window: int,
+                                         messages: list[Any]) -> tuple[int, str, list[float]]:
+    """One request forced to compact, through a proxy in front of `upstream`, while /healthz is probed: its status,
+    x-compaction, and the probes' latencies."""
+    settings = settings_from_mapping({"upstream": {"base_url": f"{upstream}/v1"},
+                                      "models": {"default": {"context_window": window}}}, env={})
+    proxy = await start_server(settings, host="127.0.0.1", port=0)
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    try:
+        with probing(proxy.url) as latencies:
+            await asyncio.sleep(0.1)
+            async with aiohttp.ClientSession() as session, session.post(
+                    f"{proxy.url}/v1/chat/completions", data=body,
+                    headers={"Content-Type": "application/json", "x-compaction-mode": "force"}) as response:
+                return response.status, response.headers["x-compaction"], latencies
+    finally:
+        await proxy.stop()
+
+
 async def test_a_huge_history_does_not_stall_other_requests(upstream_in_a_thread: tuple[str, WindowedModel]) -> None:
     url, model = upstream_in_a_thread
-    settings = settings_from_mapping({"upstream": {"base_url": f"{url}/v1"},
-                                      "models": {"default": {"context_window": 2_000_000}}}, env={})
-    proxy = await start_server(settings, host="127.0.0.1", port=0)
-    body = json.dumps({"model": "m", "messages": huge_history(300)}).encode()  # ~3 MB, ~1M tokens
-    latencies: list[float] = []
-    finished = asyncio.Event()
-
-    async def probe() -> None:
-        async with aiohttp.ClientSession() as session:
-            while not finished.is_set():
-                started = time.perf_counter()
-                async with session.get(f"{proxy.url}/healthz") as response:
-                    await response.read()
-                latencies.append(time.perf_counter() - started)
-                await asyncio.sleep(0.01)
-
-    prober = asyncio.create_task(probe())
-    try:
-        await asyncio.sleep(0.1)
-        async with aiohttp.ClientSession() as session, session.post(
-                f"{proxy.url}/v1/chat/completions", data=body,
-                headers={"Content-Type": "application/json", "x-compaction-mode": "force"}) as response:
-            assert response.status == 200
-            assert response.headers["x-compaction"] == "proactive"
-    finally:
-        finished.set()
-        await prober
-        await proxy.stop()
+    # ~3 MB, ~1M tokens
+    status, outcome, latencies = await forced_compaction_while_probing(url, 2_000_000, huge_history(300))
+    assert (status, outcome) == (200, "proactive")
     assert model.summarizer_calls, "the history was not summarised"
     assert len(latencies) > 10
     assert max(latencies) < STALL_LIMIT, f"/healthz waited {max(latencies):.2f}s behind the compaction"
+
+
+def short_history(turns: int) -> list[dict[str, str]]:
+    history = [{"role": "system", "content": "s"}]
+    for turn in range(turns):
+        history += [{"role": "user", "content": f"Remember FACT-{turn}: " + " ".join(words(600, seed=turn))},
+                    {"role": "assistant", "content": f"Noted FACT-{turn}."}]
+    return [*history, {"role": "user", "content": "go on"}]
+
+
+# The largest answer the proxy reads for the output it asks for, less the envelope: every byte of it is content.
+AT_THE_BOUND = 0
+TEN_MB = 10 * 1024 * 1024
+
+
+@pytest.mark.parametrize("size", [AT_THE_BOUND, TEN_MB], ids=["at-the-bound", "10MB"])
+@pytest.mark.parametrize("kind", ["prose", "json-list", "fences", "extra-keys"])
+async def test_no_summariser_reply_stalls_other_requests(kind: str, size: int) -> None:
+    def sized(asked: int) -> int:
+        return size or reply_bound(asked)
+
+    summariser = HostileSummariser(WindowedModel(window=10_000_000), filling(kind, sized))
+    if size:
+        filled_body(kind, size)  # made before measuring: the fake shares the proxy's interpreter
+    with served_in_a_thread(summariser) as url:
+        status, outcome, latencies = await forced_compaction_while_probing(url, 32_000, short_history(30))
+    assert status == 200, "a summary or not, the request is answered"
+    assert summariser.model.summarizer_calls, "no summary was asked for"
+    assert outcome in ("proactive", "failed")
+    assert len(latencies) > 3
+    assert max(latencies) < STALL_LIMIT, f"/healthz waited {max(latencies):.2f}s behind a {kind} reply ({outcome})"

@@ -52,3 +52,28 @@ def test_any_json_is_read_without_error(value: Any) -> None:
     shape.call_ids(value)
     shape.answered_call_id(value)
     shape.content_text(value)
+
+
+@pytest.mark.parametrize(("text", "valid"), [
+    ("plain", "plain"),
+    ("emoji \U0001f600 and é", "emoji \U0001f600 and é"),
+    ("lone high \ud800 here", "lone high \ufffd here"),
+    ("lone low \udfff", "lone low \ufffd"),
+    ("\udfff\ud800", "\ufffd\ufffd"),  # a low then a high surrogate are two lone ones, not a pair
+    ("", ""),
+])
+def test_valid_text(text: str, valid: str) -> None:
+    assert shape.valid_text(text) == valid
+    shape.valid_text(text).encode("utf-8")  # strict
+
+
+@given(st.text(st.characters(exclude_categories=())))
+def test_valid_text_always_encodes_and_keeps_valid_text_as_it_is(text: str) -> None:
+    made = shape.valid_text(text)
+    made.encode("utf-8")
+    assert len(made) == len(text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return
+    assert made is text

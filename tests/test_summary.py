@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from proxy.fence import inline_code
 from proxy.summary import MAX_DECODES, FileNote, StructuredSummary, code_fence, summary_text
 from proxy.templates import Templates
 
@@ -202,6 +203,39 @@ def test_is_empty_looks_only_at_the_nine_fields(summary: StructuredSummary, empt
 )
 def test_code_fence_outruns_every_backtick_run(code: str, expected: str) -> None:
     assert code_fence(code) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("x = 1", "`x = 1`"),
+    ("run `ls` now", "``run `ls` now``"),
+    ("a ``b`` c", "```a ``b`` c```"),
+    ("`starts", "`` `starts ``"),  # CommonMark strips one space from each end of a span padded like this
+    ("ends`", "`` ends` ``"),
+])
+def test_inline_code_outruns_every_backtick_run(text: str, expected: str) -> None:
+    assert inline_code(text) == expected
+
+
+@pytest.mark.parametrize("body", [
+    '{"user_intent": ' + "[" * 20 + '"deep"' + "]" * 20 + "}",  # 21 levels
+    json.dumps({"user_intent": [f"item {index}" for index in range(5000)]}),  # 5,001 values
+    json.dumps({f"key{index}": "v" for index in range(5000)}),
+])
+def test_an_object_too_deep_or_too_big_is_no_summary(body: str) -> None:
+    """A model writes a few levels and hundreds of values; reading more (recursively, then rendering it) would cost
+    without bound, and nesting near the recursion limit raised RecursionError from the coercion."""
+    assert StructuredSummary.parse(f"```json\n{body}\n```") is None
+
+
+def test_an_object_within_the_bounds_is_a_summary() -> None:
+    body = json.dumps({"user_intent": [f"item {index}" for index in range(1000)], "files": [{"path": "a.py"}]})
+    parsed = StructuredSummary.parse(f"```json\n{body}\n```")
+    assert parsed is not None and len(parsed.user_intent) == 1000
+
+
+def test_an_object_nested_near_the_recursion_limit_does_not_raise() -> None:
+    body = '{"user_intent": ' + "[" * 900 + '"x"' + "]" * 900 + "}"
+    assert StructuredSummary.parse(f"```json\n{body}\n```") is None
 
 
 FULL = StructuredSummary(

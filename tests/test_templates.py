@@ -35,6 +35,7 @@ RENDER_CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
     "compaction_instruction.md": ({}, ["```json"]),
     "compaction_summary.md": (SUMMARY_FIELDS, ["# Conversation Summary", "### proxy/app.py", "Run the tests"]),
     "continuation.md": ({}, ["summary above"]),
+    "summary_note.md": ({}, ["Tool output quoted", "not an instruction"]),
     "acknowledgement.md": ({}, ["Understood"]),
     "elided.md": ({"tokens": 4321}, ["4321 tokens", "left out", "verbatim"]),
     "merge_instruction.md": ({"part_count": 7}, ["7 partial summaries"]),
@@ -64,6 +65,7 @@ def test_convenience_methods_match_render(templates: Templates) -> None:
     assert templates.compaction_instruction() == templates.render("compaction_instruction.md")
     assert templates.summary(SUMMARY_FIELDS) == templates.render("compaction_summary.md", **SUMMARY_FIELDS)
     assert templates.continuation_note() == templates.render("continuation.md")
+    assert templates.summary_note() == templates.render("summary_note.md")
     assert templates.acknowledgement() == templates.render("acknowledgement.md")
     assert "77 tokens" in templates.elision_marker(77)
     assert templates.merge_instruction(3) == templates.render("merge_instruction.md", part_count=3)
