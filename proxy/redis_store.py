@@ -21,7 +21,7 @@ from proxy.config import MIB, StoreConfig
 from proxy.flights import CLOSED, DROPPED, STORED, Announcements, ErrorCounter, Held, Lease, StoreUnavailable
 from proxy.log_filters import mask_url
 from proxy.store import CompactedPrefix
-from proxy.store_health import Clock, LogThrottle, StoreHealth
+from proxy.store_health import Clock, FailureReports, StoreHealth
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +111,9 @@ class RedisStore:
         self._ttl_ms = max(1, round(ttl_seconds * 1000))
         self._lock_ms = max(1, round(lock_ttl_seconds * 1000))
         self._max_value_bytes = max_value_bytes
-        self._on_error, self._on_health = on_error, on_health
+        self._on_health = on_health
         self._health = StoreHealth(clock, *retry_delays)
-        self._throttle = LogThrottle(clock)
+        self._failures = FailureReports(log, on_error, clock)
         self._owner = secrets.token_hex(6)
         self._closed = False
         # One quick retry on a fresh connection absorbs a pooled socket that died with a Redis restart; more would
@@ -300,8 +300,9 @@ class RedisStore:
         since one bad message must not silence every replica's subscriber."""
         fields = _announcement(data)
         if fields is None:
-            self._count("announcement")
-            self._warn("announcement", "ignoring a malformed announcement of %d bytes on %s", len(data), self._channel)
+            self._failures.count("announcement")
+            self._failures.warn("announcement", "ignoring a malformed announcement of %d bytes on %s", len(data),
+                                self._channel)
             return
         outcome, key, holder = fields
         self._announcements.heard(key, holder, outcome)
@@ -320,7 +321,7 @@ class RedisStore:
         if self._closed:
             raise StoreUnavailable("the summary store is closed")
         if not self._health.may_try():  # failing fast while Redis is down: counted, not logged again
-            self._count(operation)
+            self._failures.count(operation)
             raise StoreUnavailable(self._health.last_error)
         try:
             result = await work()
@@ -329,8 +330,9 @@ class RedisStore:
             raise StoreUnavailable(self._health.last_error) from None
         except RedisError as error:  # Redis answered but refused (out of memory, no permission, ...)
             self._answered()
-            self._count(operation)
-            self._warn(operation, "redis store %s failed on %s: %s", operation, self.url, self._describe(error))
+            self._failures.count(operation)
+            self._failures.warn(operation, "redis store %s failed on %s: %s", operation, self.url,
+                                self._describe(error))
             raise StoreUnavailable(self._describe(error)) from None
         finally:
             self._health.settle()
@@ -345,7 +347,7 @@ class RedisStore:
 
     def _failed(self, operation: str, error: BaseException, *, count: bool = True) -> None:
         if count:
-            self._count(operation)
+            self._failures.count(operation)
         description = self._describe(error)
         if self._health.failed(description):
             log.warning("redis store %s unreachable (%s): serving without summary reuse, single-flight per "
@@ -353,8 +355,8 @@ class RedisStore:
             if self._on_health is not None:
                 self._on_health(False)
         else:
-            self._warn(f"down:{operation}", "redis store %s still unreachable (%s: %s)", self.url, operation,
-                       description)
+            self._failures.warn(f"down:{operation}", "redis store %s still unreachable (%s: %s)", self.url,
+                                operation, description)
 
     def _answered(self) -> None:
         outage = self._health.succeeded()
@@ -363,14 +365,6 @@ class RedisStore:
             if self._on_health is not None:
                 self._on_health(True)
 
-    def _count(self, operation: str) -> None:
-        if self._on_error is not None:
-            self._on_error(operation)
-
-    def _warn(self, kind: str, message: str, *args: object) -> None:
-        suppressed = self._throttle.allow(kind)
-        if suppressed is not None:
-            log.warning(message + (f" ({suppressed} more since the last report)" if suppressed else ""), *args)
 
     def _describe(self, error: BaseException) -> str:
         """The error's type and message, with anything that looks like our password scrubbed out."""
@@ -384,9 +378,9 @@ class RedisStore:
     def _encode(self, record: CompactedPrefix) -> bytes | None:
         value = record.to_json().encode("utf-8")
         if len(value) > self._max_value_bytes:
-            self._count("oversize")
-            self._warn("oversize", "summary record of %d bytes is over the store's limit of %d; not shared",
-                       len(value), self._max_value_bytes)
+            self._failures.count("oversize")
+            self._failures.warn("oversize", "summary record of %d bytes is over the store's limit of %d; not shared",
+                                len(value), self._max_value_bytes)
             return None
         return value
 
@@ -394,6 +388,6 @@ class RedisStore:
         try:
             return CompactedPrefix.from_json(raw)
         except (ValueError, UnicodeDecodeError):
-            self._count("decode")
-            self._warn("decode", "ignoring an unreadable summary record")
+            self._failures.count("decode")
+            self._failures.warn("decode", "ignoring an unreadable summary record")
             return None

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from proxy.store import CompactedPrefix, _longest_verified
-from proxy.store_health import LogThrottle
+from proxy.store_health import FailureReports
 
 log = logging.getLogger(__name__)
 
@@ -183,9 +183,8 @@ class SqliteStore:
         self._ttl = ttl_seconds
         self._clock = clock
         self._timeout = timeout_seconds
-        self._on_error = on_error
         self._reader, self._writer = _Lane("read"), _Lane("write")
-        self._throttle = LogThrottle(time.monotonic)
+        self._failures = FailureReports(log, on_error, time.monotonic)
         # Both lanes may notice one lost file, or open one read-only file: it is reported once.
         self._reports = threading.Lock()
         self._lost: Identity | None = None
@@ -218,7 +217,7 @@ class SqliteStore:
             if self._lost == lost:
                 return
             self._lost = lost
-        self._count("reopen")
+        self._failures.count("reopen")
         log.warning("the summary store file %s was %s while open: opening it again, so summaries are kept from now",
                     self._path, "deleted" if current is None else "replaced")
 
@@ -244,19 +243,11 @@ class SqliteStore:
         try:
             return await self._run(lane, work)
         except _STORE_ERRORS as error:
-            self._count(operation)
-            self._warn("failed", "summary store %s failed on %s (%s); going on without it", operation, self._path,
-                       _describe(error))
+            self._failures.count(operation)
+            self._failures.warn("failed", "summary store %s failed on %s (%s); going on without it", operation,
+                                self._path, _describe(error))
             return None
 
-    def _count(self, operation: str) -> None:
-        if self._on_error is not None:
-            self._on_error(operation)
-
-    def _warn(self, kind: str, message: str, *args: object) -> None:
-        suppressed = self._throttle.allow(kind)
-        if suppressed is not None:
-            log.warning(message + (f" ({suppressed} more since the last report)" if suppressed else ""), *args)
 
     @staticmethod
     def _decode(text: str) -> CompactedPrefix | None:
@@ -293,7 +284,7 @@ class SqliteStore:
             return True
 
         if await self._quietly("put", self._writer, upsert) is False:
-            self._count("put")  # read-only: logged once, when the file was opened so
+            self._failures.count("put")  # read-only: logged once, when the file was opened so
 
     async def longest_match(self, namespace: str, chain: Sequence[str]) -> CompactedPrefix | None:
         """One IN query per chunk of the chain, longest prefixes first; the first verified hit is the longest."""

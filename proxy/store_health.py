@@ -1,7 +1,9 @@
-"""Whether a shared store answered lately (back-off between probes while it does not), and a log rate limit."""
+"""Whether a shared store answered lately (back-off between probes while it does not), and how a store that
+degrades instead of raising reports its failures: counted, and logged at a bounded rate."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 Clock = Callable[[], float]
@@ -75,3 +77,20 @@ class LogThrottle:
             return None
         self._last[kind] = now
         return self._suppressed.pop(kind, 0)
+
+
+class FailureReports:
+    """A store's failures: each counted through `on_error(operation)` (store_errors_total), and logged at most once
+    per kind per interval, with how many were left out since."""
+
+    def __init__(self, logger: logging.Logger, on_error: Callable[[str], None] | None, clock: Clock) -> None:
+        self._log, self._on_error, self._throttle = logger, on_error, LogThrottle(clock)
+
+    def count(self, operation: str) -> None:
+        if self._on_error is not None:
+            self._on_error(operation)
+
+    def warn(self, kind: str, message: str, *args: object) -> None:
+        suppressed = self._throttle.allow(kind)
+        if suppressed is not None:
+            self._log.warning(message + (f" ({suppressed} more since the last report)" if suppressed else ""), *args)

@@ -24,13 +24,13 @@ class _Collect(logging.Handler):
         self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
 
 
 @pytest.mark.parametrize(("extra", "expected"), [
-    (EXEMPT, [f"refused: reason {index}" for index in range(8)]),
-    (None, [*(f"refused: reason {index}" for index in range(3)),
-            "suppressed 5 similar records in the last 10s: refused: reason 3"]),
+    (EXEMPT, [f"ERROR refused: reason {index}" for index in range(8)]),
+    (None, [*(f"ERROR refused: reason {index}" for index in range(3)),
+            "ERROR suppressed 5 similar records in the last 10s: refused: reason 3"]),
 ], ids=["exempt", "limited"])
 def test_exempt_records_pass_every_time_and_are_not_counted(extra: Mapping[str, object] | None,
                                                              expected: list[str]) -> None:
@@ -47,4 +47,33 @@ def test_exempt_records_pass_every_time_and_are_not_counted(extra: Mapping[str, 
     finally:
         logger.removeHandler(collected)
         logger.propagate = True
-    assert collected.lines == [*expected, "the interval is over"]
+    assert collected.lines == [*expected, "INFO the interval is over"]
+
+
+def test_identical_errors_are_let_through_a_few_times_then_counted() -> None:
+    clock, collected = _Clock(), _Collect()
+    collected.addFilter(RepeatLimiter(collected, burst=3, interval=10, clock=clock))
+    logger = logging.getLogger("tests.flood")
+    logger.addHandler(collected)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        for index in range(3300):
+            logger.error("socket.accept() out of system resource (%d)", index)
+            logger.info("not limited %d", index % 2)
+        logger.warning("a different warning")
+        clock.now += 10
+        logger.error("socket.accept() out of system resource (%d)", 9999)
+    finally:
+        logger.removeHandler(collected)
+        logger.propagate = True
+    errors = [line for line in collected.lines if line.startswith("ERROR")]
+    assert errors == [
+        "ERROR socket.accept() out of system resource (0)",
+        "ERROR socket.accept() out of system resource (1)",
+        "ERROR socket.accept() out of system resource (2)",
+        "ERROR suppressed 3297 similar records in the last 10s: socket.accept() out of system resource (3)",
+        "ERROR socket.accept() out of system resource (9999)",
+    ]
+    assert "WARNING a different warning" in collected.lines
+    assert sum(1 for line in collected.lines if line.startswith("INFO")) == 3300

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import re
 import resource
@@ -21,7 +20,6 @@ import aiohttp
 import pytest
 import yaml
 
-from proxy.log_limits import RepeatLimiter
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 
@@ -278,51 +276,3 @@ async def test_the_open_files_soft_limit_is_raised_at_start(tmp_path: Path) -> N
         log = path.read_text(errors="replace")
     assert "open files limit raised from 1024 to 4096" in log, log
     assert took < 2, took
-
-
-# --- rate-limited error logs ----------------------------------------------------------------------------------
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class _Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(f"{record.levelname} {record.getMessage()}")
-
-
-def test_identical_errors_are_let_through_a_few_times_then_counted() -> None:
-    clock, collected = _Clock(), _Collect()
-    collected.addFilter(RepeatLimiter(collected, burst=3, interval=10, clock=clock))
-    logger = logging.getLogger("tests.flood")
-    logger.addHandler(collected)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        for index in range(3300):
-            logger.error("socket.accept() out of system resource (%d)", index)
-            logger.info("not limited %d", index % 2)
-        logger.warning("a different warning")
-        clock.now += 10
-        logger.error("socket.accept() out of system resource (%d)", 9999)
-    finally:
-        logger.removeHandler(collected)
-        logger.propagate = True
-    errors = [line for line in collected.lines if line.startswith("ERROR")]
-    assert errors == [
-        "ERROR socket.accept() out of system resource (0)",
-        "ERROR socket.accept() out of system resource (1)",
-        "ERROR socket.accept() out of system resource (2)",
-        "ERROR suppressed 3297 similar records in the last 10s: socket.accept() out of system resource (3)",
-        "ERROR socket.accept() out of system resource (9999)",
-    ]
-    assert "WARNING a different warning" in collected.lines
-    assert sum(1 for line in collected.lines if line.startswith("INFO")) == 3300
