@@ -225,7 +225,8 @@ def _error_item(action: Action) -> _Item:
     """A failure as `label: line | line`; it is there when the summary holds what it ran and the lines that are
     not a tally (all of them when all are)."""
     telling = tuple(line for line in action.errors if not TALLY.fullmatch(line)) or action.errors
-    return _Item("errors_and_fixes", f"{action.label} printed: " + " | ".join(map(inline_code, action.errors)),
+    # "output", not "printed": asked what a test printed, a small model took a quoted tally for the answer.
+    return _Item("errors_and_fixes", f"{action.label} output: " + " | ".join(map(inline_code, action.errors)),
                  needed=(action.command or action.label, *telling))
 
 

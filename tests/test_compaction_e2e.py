@@ -493,7 +493,7 @@ async def test_a_failing_command_the_summary_left_out_is_added_verbatim(evidence
     forwarded = model.chat_calls[-1].body["messages"]
     summary = next(m["content"] for m in forwarded if m["role"] == "user" and "# Conversation Summary" in m["content"])
     assert "FACT-0" in summary, "the model's own summary stays"
-    quoted = "`pytest -k shard_77` printed: `E   ShardError: checksum mismatch in shard 77`"
+    quoted = "`pytest -k shard_77` output: `E   ShardError: checksum mismatch in shard 77`"
     assert (quoted in summary) is evidence
     assert all(call.prompt_tokens <= model.window for call in model.chat_calls)
 

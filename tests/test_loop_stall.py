@@ -24,6 +24,7 @@ from tests.fakes.windowed import WindowedModel
 # Far above any stall that small work causes on a busy 2-core machine, far below the seconds a history of this size
 # costs when counted on the event loop.
 STALL_LIMIT = 0.5
+PROBE_TIMEOUT = 10.0
 
 
 @contextmanager
@@ -67,14 +68,19 @@ def probing(url: str) -> Iterator[list[float]]:
     """/healthz probed every 10 ms from a thread of its own (another client, not a task on the proxy's loop, which a
     stalled loop would hold back unmeasured); yields the probes' latencies, complete once the block is left."""
     latencies: list[float] = []
+    failures: list[str] = []
     finished = threading.Event()
 
     async def probe() -> None:
-        async with aiohttp.ClientSession() as session:
+        # A probe that gets no answer at all counts as one that waited its whole timeout.
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)) as session:
             while not finished.is_set():
                 started = time.perf_counter()
-                async with session.get(f"{url}/healthz") as response:
-                    await response.read()
+                try:
+                    async with session.get(f"{url}/healthz") as response:
+                        await response.read()
+                except (aiohttp.ClientError, TimeoutError) as error:
+                    failures.append(f"{type(error).__name__} after {time.perf_counter() - started:.2f}s")
                 latencies.append(time.perf_counter() - started)
                 await asyncio.sleep(0.01)
 
@@ -84,7 +90,9 @@ def probing(url: str) -> Iterator[list[float]]:
         yield latencies
     finally:
         finished.set()
-        thread.join(30)
+        thread.join(2 * PROBE_TIMEOUT)
+    assert not thread.is_alive(), "a /healthz probe never ended"
+    assert not failures, f"/healthz probes got no answer: {failures}"
 
 
 def huge_history(turns: int) -> list[dict[str, str]]:
