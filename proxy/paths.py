@@ -17,8 +17,6 @@ _DOT_SEGMENT = "dot segments ('.', '..', raw or percent-encoded) are not allowed
 _SPLIT = re.compile(r"[/\\]")
 # IIS decodes %uXXXX (UTF-16) escapes; no standard client sends them.
 _IIS_ESCAPE = re.compile(r"%u[0-9a-f]{4}", re.IGNORECASE)
-# A multi-byte UTF-8 lead byte and how many bytes follow it, for lenient decoders that take any of them.
-_LEADS = [(0xFC, 5), (0xF8, 4), (0xF0, 3), (0xE0, 2), (0xC0, 1)]
 
 
 def refusal(raw_path: str) -> str | None:
@@ -28,6 +26,10 @@ def refusal(raw_path: str) -> str | None:
         return "only origin-form request targets (a path starting with /) are accepted"
     if any(char in path for char in ("\\", "\x00", "#")):
         return "the path holds a backslash, NUL or '#'"
+    if "%" in path and not _utf8_at_every_decoding(path):
+        # A lenient decoder reads an overlong or broken sequence as ASCII, taking any byte as its continuation, the
+        # next segment's '/' included ('.%c0/' is './'): only valid UTF-8 is certain to mean what it says.
+        return "percent-encoded bytes that are not valid UTF-8 (overlong forms among them) are not allowed in the path"
     for segment in path.split("/"):
         problem = _segment_refusal(segment)
         if problem is not None:
@@ -49,8 +51,6 @@ def _segment_refusal(segment: str) -> str | None:
             return "a percent-encoded NUL is not allowed in the path"
         if _IIS_ESCAPE.search(decoded):
             return "%u escapes are not allowed in the path"
-        if _overlong(unquote_to_bytes(decoded.encode("utf-8", "surrogateescape"))):
-            return "overlong or invalid UTF-8 for an ASCII character ('.', '/', '%', ...) is not allowed in the path"
         undone = unquote(decoded)
         if undone == decoded:
             return None
@@ -64,21 +64,19 @@ def _is_dot_segment(piece: str) -> bool:
     return "." in name and set(name) <= _DOT_ONLY
 
 
-def _overlong(raw: bytes) -> bool:
-    """True when a multi-byte sequence in `raw` reads as an ASCII character to a decoder that ignores what makes it
-    invalid (overlong form, continuation bytes that are not): '.', '/', '\\', or a '%' or 'u' that builds another
-    escape. Valid UTF-8 never encodes ASCII in more than one byte."""
-    for index, byte in enumerate(raw):
-        if byte < 0xC0:
-            continue
-        follows = next(count for lead, count in _LEADS if byte >= lead)
-        tail = raw[index + 1:index + 1 + follows]
-        point = byte & (0x3F >> follows)
-        for continuation in tail:
-            point = point << 6 | continuation & 0x3F
-        if len(tail) == follows and point < 0x80:
+def _utf8_at_every_decoding(path: str) -> bool:
+    """Whether the path's bytes are valid UTF-8 however many times (up to MAX_DECODINGS) it is percent-decoded."""
+    decoded = path
+    for _ in range(MAX_DECODINGS + 1):
+        try:
+            unquote_to_bytes(decoded).decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        undone = unquote(decoded)
+        if undone == decoded:
             return True
-    return False
+        decoded = undone
+    return True  # still encoded: the segments' own check refuses it
 
 
 @web.middleware

@@ -6,8 +6,8 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import aiohttp
@@ -63,8 +63,8 @@ def upstream_in_a_thread() -> Iterator[tuple[str, WindowedModel]]:
         yield url, model
 
 
-@contextmanager
-def probing(url: str) -> Iterator[list[float]]:
+@asynccontextmanager
+async def probing(url: str) -> AsyncIterator[list[float]]:
     """/healthz probed every 10 ms from a thread of its own (another client, not a task on the proxy's loop, which a
     stalled loop would hold back unmeasured); yields the probes' latencies, complete once the block is left."""
     latencies: list[float] = []
@@ -90,7 +90,9 @@ def probing(url: str) -> Iterator[list[float]]:
         yield latencies
     finally:
         finished.set()
-        thread.join(2 * PROBE_TIMEOUT)
+        # Joined off the loop: a probe in flight is answered by the proxy on this very loop, which a blocking join
+        # would hold until the probe timed out.
+        await asyncio.to_thread(thread.join, 2 * PROBE_TIMEOUT)
     assert not thread.is_alive(), "a /healthz probe never ended"
     assert not failures, f"/healthz probes got no answer: {failures}"
 
@@ -112,7 +114,7 @@ async def forced_compaction_while_probing(upstream: str, window: int,
     proxy = await start_server(settings, host="127.0.0.1", port=0)
     body = json.dumps({"model": "m", "messages": messages}).encode()
     try:
-        with probing(proxy.url) as latencies:
+        async with probing(proxy.url) as latencies:
             await asyncio.sleep(0.1)
             async with aiohttp.ClientSession() as session, session.post(
                     f"{proxy.url}/v1/chat/completions", data=body,

@@ -54,6 +54,12 @@ ESCAPING = [
     "/v1/..%c1%9cadmin",
     "/v1/..%c0%2e/admin",
     "/v1/%25c0%25ae%25c0%25ae/admin",
+    # a sequence left open takes the next segment's '/' as its continuation byte, to a lenient decoder: './'
+    "/v1/.%c0/admin",
+    "/v1/..%e0%80/admin",
+    "/v1/.%25c0/admin",
+    # Latin-1 and other bytes that are not UTF-8: no certain reading at all
+    "/v1/caf%e9",
     # segments that are dot segments once trailing dots and spaces are stripped (as Windows servers do)
     "/v1/.../admin",
     "/v1/..../admin",
