@@ -17,6 +17,7 @@ HEADROOM = 64
 # asyncio accepts up to a listen backlog (aiohttp's 128) of connections at once, before any is seen here.
 ACCEPT_BURST = 128
 
+
 class Connection(Protocol):
     def is_idle(self) -> bool:
         """No request in progress: waiting for a request head, or kept alive between requests."""
@@ -47,6 +48,7 @@ def client_capacity(limit: int, max_connections: int) -> int:
 def recommended_limit(max_connections: int) -> int:
     """Enough descriptors for as many busy clients as upstream connections, and the rest."""
     return 2 * max_connections + HEADROOM + ACCEPT_BURST
+
 
 class ClientConnections:
     """The open client connections, the least recently active first. Past `capacity` (None: no limit), the longest
