@@ -6,6 +6,7 @@ must happen before the last byte leaves (learning from usage, claiming a backgro
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,8 @@ from multidict import CIMultiDict
 from proxy.attempt import Attempt
 from proxy.streaming import UsageTap
 from proxy.upstream import Upstream, response_headers, was_decoded
+
+log = logging.getLogger(__name__)
 
 Usage = dict[str, Any] | None
 OnDone = Callable[[Usage], None]
@@ -42,8 +45,7 @@ def chat_answer(upstream: Upstream, attempt: Attempt, extra_headers: dict[str, s
     headers = attempt.headers.copy()
     headers.update(extra_headers)
     if attempt.response is None:
-        if on_done is not None:
-            on_done(attempt.usage())
+        _learn_from(on_done, attempt.usage())
         return Answer(attempt.status, headers, body=attempt.body)
     tap = UsageTap(hide_usage_chunk=hide_usage)
     return Answer(attempt.status, headers, chunks=_tapped(upstream, attempt, tap, on_done),
@@ -59,7 +61,17 @@ async def _tapped(upstream: Upstream, attempt: Attempt, tap: UsageTap, on_done: 
         if out := tap.feed(chunk):
             yield out
     tail = tap.finish()
-    if on_done is not None:
-        on_done(tap.usage)
+    _learn_from(on_done, tap.usage)
     if tail:
         yield tail
+
+
+def _learn_from(on_done: OnDone | None, usage: Usage) -> None:
+    """Run the end-of-answer hook; what it raises is logged, never the answer's failure (the answer is the client's,
+    the learning only the proxy's)."""
+    if on_done is None:
+        return
+    try:
+        on_done(usage)
+    except Exception:  # a bug in learning must not cut a finished stream or 500 a good answer
+        log.error("learning from an answer failed; the answer is sent as it is", exc_info=True)
