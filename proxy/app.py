@@ -22,8 +22,8 @@ from proxy.request_body import close_unread_bodies
 from proxy.request_log import on_response_prepare, request_log
 from proxy.runtime import RuntimeSlot, Shared, TrackedFlights, build_runtime, load_templates, pin_runtime, pinned
 from proxy.server_timeouts import REFUSED_BODY_LINGER, GuardedAppRunner
-from proxy.store import open_store
 from proxy.store_timing import TimedStore
+from proxy.stores import open_store
 from proxy.tokens import TokenCounter
 from proxy.upstream import create_session
 

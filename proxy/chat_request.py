@@ -14,9 +14,9 @@ from multidict import CIMultiDict
 
 from proxy.errors import BadRequest
 from proxy.fingerprint import dumps_iteratively
+from proxy.headers import MODE
 from proxy.messages import Message
 
-MODE_HEADER = "x-compaction-mode"
 MODES = ("off", "auto", "force", "shadow")
 # A real chat request nests < 20 levels (body > messages > message > content parts > image_url), a tool schema a
 # few dozen more. 128 leaves room for deep schemas while staying far below what anything downstream can take:
@@ -207,11 +207,11 @@ class ChatCall:
         if not isinstance(payload, dict):
             raise BadRequest("request body must be a JSON object")
         # No header: the configured mode applies (the pipeline knows it).
-        mode = headers.get(MODE_HEADER, "").strip().lower()
+        mode = headers.get(MODE, "").strip().lower()
         if mode and mode not in MODES:
-            raise BadRequest(f"{MODE_HEADER} must be one of {', '.join(MODES)}", param=MODE_HEADER)
+            raise BadRequest(f"{MODE} must be one of {', '.join(MODES)}", param=MODE)
         forwarded = CIMultiDict(headers)
-        forwarded.popall(MODE_HEADER, None)
+        forwarded.popall(MODE, None)
         return cls(body, payload, forwarded, query, mode)
 
     @cached_property

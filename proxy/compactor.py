@@ -24,7 +24,7 @@ from proxy.messages import Message, is_instruction, is_tool_result, is_user, rol
 from proxy.metrics import Metrics
 from proxy.offload import LARGE_REPLY, off_loop_above, off_loop_if_large
 from proxy.plan import Plan, apply_replacement, plan_compaction, replacement
-from proxy.request_log import current_request_id
+from proxy.request_context import current_request_id
 from proxy.store import CompactedPrefix, SummaryStore
 from proxy.summarizer import ChatModel, ConversationPrefix, SummarizerError, Summary, summarize
 from proxy.summary import rendered_text

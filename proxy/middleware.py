@@ -11,26 +11,17 @@ from aiohttp.typedefs import Middleware
 from proxy.appkeys import METRICS
 from proxy.credentials import presents_one_of
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized, openai_error_body
+from proxy.headers import outcome_of
 from proxy.relay import abandon_if_started, clear_started
+from proxy.routes import OPEN_PATHS, route_of
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-COMPACTION_OUTCOMES = frozenset({"none", "proactive", "reactive", "reused", "failed"})
 
 
 def error_response(error: ProxyError) -> web.Response:
     return web.json_response(error.body(), status=error.status)
-
-
-def route_of(path: str) -> str:
-    """A bounded label for a path: clients choose paths, metrics must not grow with them."""
-    if path == "/v1/chat/completions":
-        return "chat"
-    if path.startswith("/v1/"):
-        return "passthrough"
-    return path.strip("/") if path in _OPEN_PATHS else "other"
 
 
 @web.middleware
@@ -44,9 +35,7 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
             metrics.requests.labels(route_of(request.path), "500", "none").inc()
         raise
     if metrics is not None:
-        compaction = response.headers.get("x-compaction", "none")
-        compaction = compaction if compaction in COMPACTION_OUTCOMES else "none"  # an upstream may send anything
-        metrics.requests.labels(route_of(request.path), str(response.status), compaction).inc()
+        metrics.requests.labels(route_of(request.path), str(response.status), outcome_of(response.headers)).inc()
     return response
 
 
@@ -90,7 +79,7 @@ def require_proxy_key(accepted: Callable[[web.Request], Sequence[bytes]]) -> Mid
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         keys = accepted(request)
-        if keys and request.path not in _OPEN_PATHS and not presents_one_of(request.headers, keys):
+        if keys and request.path not in OPEN_PATHS and not presents_one_of(request.headers, keys):
             raise Unauthorized("a valid proxy API key is required")
         return await handler(request)
 

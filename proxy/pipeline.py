@@ -21,12 +21,22 @@ from proxy.compactor import Compactor, Conversation, Flight
 from proxy.config import Settings
 from proxy.elision import elide_oversized
 from proxy.errors import ProxyError
+from proxy.headers import (
+    COMPACTION,
+    ELIDED,
+    REASON,
+    SHADOW,
+    SHADOW_TOKENS_AFTER,
+    SHADOW_TOKENS_BEFORE,
+    TOKENS_AFTER,
+    TOKENS_BEFORE,
+)
 from proxy.history_index import History, HistoryIndex
 from proxy.messages import Message
 from proxy.metrics import Metrics
 from proxy.overflow import context_limit_from_error
 from proxy.plan import last_input_tokens
-from proxy.request_log import annotate, current_request_id
+from proxy.request_context import annotate, current_request_id
 from proxy.tenants import namespace_for
 from proxy.tokens import TokenCounter
 from proxy.upstream import Upstream
@@ -76,7 +86,7 @@ class ChatPipeline:
         async with AsyncExitStack() as stack:
             if not self._compactable(call):
                 attempt = await send(self._upstream, stack, query=call.query, headers=call.headers, body=call.body)
-                yield self._finish(call, attempt, {"x-compaction": "none"}, hide_usage=False)
+                yield self._finish(call, attempt, {COMPACTION: "none"}, hide_usage=False)
                 return
             if self._mode(call) == "shadow":
                 yield await self._shadow(call, stack)
@@ -148,14 +158,14 @@ class ChatPipeline:
             self._metrics.overflow_errors.labels("first").inc()
             decision = "reactive"
             journey.limits = replace(journey.limits, window=min(journey.limits.window, before + journey.limits.reserve))
-        headers = {"x-compaction": "none", "x-compaction-shadow": decision}
+        headers = {COMPACTION: "none", SHADOW: decision}
         plan = self._compactor.plan(conversation, journey.limits, model=call.model, overhead=self._overhead(journey)) \
             if decision in ("proactive", "reactive") else None
         fillers = self._compactor.filler_tokens(conversation.messages)
         if plan is not None and plan.worthwhile(fillers):
             saved = plan.span_tokens - plan.kept_system_tokens - plan.kept_user_tokens - plan.summary_tokens - fillers
-            headers["x-compaction-shadow-tokens-before"] = str(before)
-            headers["x-compaction-shadow-tokens-after"] = str(before - saved)
+            headers[SHADOW_TOKENS_BEFORE] = str(before)
+            headers[SHADOW_TOKENS_AFTER] = str(before - saved)
             self._metrics.shadow_saved_tokens.inc(saved)
         self._metrics.shadow_decisions.labels(decision).inc()
         log.info(json.dumps({"event": "compaction_shadow", "request_id": current_request_id(), "decision": decision,
@@ -270,14 +280,14 @@ class ChatPipeline:
         return await send(self._upstream, stack, query=call.query, headers=call.headers, body=body)
 
     def _headers(self, journey: Journey) -> dict[str, str]:
-        headers = {"x-compaction": "failed" if journey.failed else journey.trigger}
+        headers = {COMPACTION: "failed" if journey.failed else journey.trigger}
         if journey.conversation.record is not None or journey.elided:
-            headers["x-compaction-tokens-before"] = str(journey.tokens_before or self._original_estimate(journey))
-            headers["x-compaction-tokens-after"] = str(self._estimate(journey))
+            headers[TOKENS_BEFORE] = str(journey.tokens_before or self._original_estimate(journey))
+            headers[TOKENS_AFTER] = str(self._estimate(journey))
         if journey.elided:
-            headers["x-compaction-elided"] = str(journey.elided)
+            headers[ELIDED] = str(journey.elided)
         if journey.reason is not None:
-            headers["x-compaction-reason"] = journey.reason
+            headers[REASON] = journey.reason
         return headers
 
     def _original_estimate(self, journey: Journey) -> int:
@@ -285,7 +295,7 @@ class ChatPipeline:
 
     def _finish(self, call: ChatCall, attempt: Attempt, headers: dict[str, str], *, hide_usage: bool,
                 journey: Journey | None = None) -> Answer:
-        self._metrics.chat_requests.labels(headers["x-compaction"]).inc()
+        self._metrics.chat_requests.labels(headers[COMPACTION]).inc()
         annotate(model=call.model, upstream_status=attempt.status)
         learn = journey is not None and attempt.ok
 

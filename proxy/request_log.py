@@ -8,8 +8,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Collection, Iterable, Mapping
-from contextvars import ContextVar
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +16,13 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from proxy import request_context
 from proxy.config import Settings
 from proxy.fingerprint import HASH_ERRORS
+from proxy.headers import log_fields
 from proxy.log_filters import redact
+from proxy.request_context import Notes
+from proxy.routes import route_of
 
 REQUEST_ID_HEADER = "x-request-id"
 # Where an upstream's own x-request-id goes: the client's x-request-id is the proxy's, and the upstream's stays
@@ -27,17 +30,11 @@ REQUEST_ID_HEADER = "x-request-id"
 UPSTREAM_REQUEST_ID_HEADER = "x-upstream-request-id"
 MAX_REQUEST_ID = 128
 MAX_PATH = 256
-MAX_MODEL = 128
 # Printable ASCII without the space: nothing that can end a header, start a log line or hide in a terminal.
 _SANE_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_REQUEST_ID}}}")
-_SANE_REASON = re.compile(r"[a-z_]{1,40}")
 _PROBES = frozenset({"healthz", "readyz", "metrics"})
 # Headers a client presents credentials in; an id equal to one of their values is a key sent by mistake.
 _CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-proxy-api-key")
-# Compaction headers the chat pipeline sets, as log fields; only whole numbers are taken from them.
-_COUNT_HEADERS = {"x-compaction-tokens-before": "tokens_before", "x-compaction-tokens-after": "tokens_after",
-                  "x-compaction-shadow-tokens-before": "shadow_tokens_before",
-                  "x-compaction-shadow-tokens-after": "shadow_tokens_after", "x-compaction-elided": "elided"}
 # nginx's status for "the client closed the connection before an answer was sent": no real response has it.
 CLIENT_CLOSED = 499
 
@@ -46,40 +43,22 @@ access_log = logging.getLogger("proxy.access")
 
 @dataclass
 class _Entry:
-    """What one request's log line will say; handlers may add to it (annotate) while the request runs."""
+    """What one request's log line will say: its notes (proxy.request_context, which handlers add to while the
+    request runs), and what only the edge knows."""
 
-    request_id: str
+    notes: Notes
     source: str  # "client", "generated" (none sent) or "replaced" (the client's was not sane)
     started: float
-    model: str | None = None
-    upstream_status: int | None = None
     upstream_request_id: str | None = None
     prepared: web.StreamResponse | None = None  # the response whose headers went out, from on_response_prepare
-    logged: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.notes.request_id
 
 
 # web.RequestKey where aiohttp has it (newer ones warn about plain keys); a plain key on the older ones it supports.
 _ENTRY: Any = web.RequestKey("request_log_entry", _Entry) if hasattr(web, "RequestKey") else "proxy.request_log_entry"
-# The entry of the request this task serves. Tasks copy it, so a background summary started by a request logs
-# that request's id; the request ends, the id stays right.
-_current: ContextVar[_Entry | None] = ContextVar("request_log_entry", default=None)
-
-
-def current_request_id() -> str | None:
-    """The id of the request being served here, for other log lines; None outside a request."""
-    entry = _current.get()
-    return entry.request_id if entry is not None else None
-
-
-def annotate(*, model: str | None = None, upstream_status: int | None = None) -> None:
-    """Add what only a handler knows (the model asked for, the upstream's status) to this request's log line."""
-    entry = _current.get()
-    if entry is None or entry.logged:
-        return
-    if model is not None:
-        entry.model = model[:MAX_MODEL]
-    if upstream_status is not None:
-        entry.upstream_status = upstream_status
 
 
 def sane_request_id(value: str, credentials: Iterable[bytes] = ()) -> bool:
@@ -119,19 +98,15 @@ def _entry_for(request: web.Request, configured: list[bytes]) -> _Entry:
     sent = request.headers.getall(REQUEST_ID_HEADER, [])
     started = time.perf_counter()
     if not sent:
-        return _Entry(uuid.uuid4().hex, "generated", started)
+        return _Entry(Notes(uuid.uuid4().hex), "generated", started)
     # Two ids are no id: which one the client meant is anyone's guess.
     if len(sent) == 1 and sane_request_id(sent[0], [*configured, *_presented(request.headers)]):
-        return _Entry(sent[0], "client", started)
-    return _Entry(uuid.uuid4().hex, "replaced", started)
+        return _Entry(Notes(sent[0]), "client", started)
+    return _Entry(Notes(uuid.uuid4().hex), "replaced", started)
 
 
 def request_log(settings: Settings) -> Middleware:
     """The outermost middleware: every request gets an id (refusals included) and, when it ends, one log line."""
-    # Imported here, not at the top: the compactor imports this module for current_request_id, and
-    # proxy.middleware leads (through proxy.appkeys) back to the compactor.
-    from proxy.middleware import COMPACTION_OUTCOMES, route_of
-
     configured = _configured_keys(settings)
     enabled = settings.logging.access_log
 
@@ -139,7 +114,7 @@ def request_log(settings: Settings) -> Middleware:
     async def log_request(request: web.Request, handler: Handler) -> web.StreamResponse:
         entry = _entry_for(request, configured)
         request[_ENTRY] = entry
-        token = _current.set(entry)
+        token = request_context.enter(entry.notes)
         response: web.StreamResponse | None = None
         error: BaseException | None = None
         try:
@@ -153,10 +128,10 @@ def request_log(settings: Settings) -> Middleware:
             error = caught
             raise
         finally:
-            _current.reset(token)
+            request_context.leave(token)
             if enabled:
-                _write(request, entry, response, error, route_of(request.path), COMPACTION_OUTCOMES)
-            entry.logged = True
+                _write(request, entry, response, error, route_of(request.path))
+            entry.notes.closed = True
 
     return log_request
 
@@ -186,9 +161,9 @@ def stamp(entry: _Entry, response: web.StreamResponse) -> None:
 
 
 def _write(request: web.Request, entry: _Entry, returned: web.StreamResponse | None, error: BaseException | None,
-           route: str, outcomes: Collection[str]) -> None:
+           route: str) -> None:
     try:
-        line = _line(request, entry, returned, error, route, outcomes)
+        line = _line(request, entry, returned, error, route)
     except Exception:  # the log line must never cost the client its answer
         logging.getLogger(__name__).warning("could not build the access log line", exc_info=True)
         return
@@ -205,7 +180,7 @@ def _json_line(line: dict[str, Any]) -> str:
 
 
 def _line(request: web.Request, entry: _Entry, returned: web.StreamResponse | None, error: BaseException | None,
-          route: str, outcomes: Collection[str]) -> dict[str, Any]:
+          route: str) -> dict[str, Any]:
     """The log line's fields: counts, labels and ids only; never a body, a query string or another header."""
     # The response whose headers went out is the truth: after a stream is cut, the one returned is a stand-in.
     response = entry.prepared if entry.prepared is not None else returned
@@ -227,11 +202,11 @@ def _line(request: web.Request, entry: _Entry, returned: web.StreamResponse | No
         if size is not None:
             line["bytes"] = size
         if route == "chat":
-            line.update(_compaction_fields(response, outcomes))
-    if entry.model is not None:
-        line["model"] = entry.model
-    if entry.upstream_status is not None:
-        line["upstream_status"] = entry.upstream_status
+            line.update(log_fields(response.headers))
+    if entry.notes.model is not None:
+        line["model"] = entry.notes.model
+    if entry.notes.upstream_status is not None:
+        line["upstream_status"] = entry.notes.upstream_status
     if entry.upstream_request_id is not None:
         line["upstream_request_id"] = entry.upstream_request_id
     if error is not None:
@@ -258,20 +233,3 @@ def _bytes(request: web.Request, response: web.StreamResponse) -> int | None:
         return request.writer.output_size if request.writer is not None else None
     body = response.body if isinstance(response, web.Response) else None
     return len(body) if isinstance(body, bytes | bytearray) else None
-
-
-def _compaction_fields(response: web.StreamResponse, outcomes: Collection[str]) -> dict[str, Any]:
-    headers = response.headers
-    fields: dict[str, Any] = {}
-    for header, name in (("x-compaction", "compaction"), ("x-compaction-shadow", "compaction_shadow")):
-        value = headers.get(header)
-        if value in outcomes:  # an upstream may send these headers too, with anything in them
-            fields[name] = value
-    for header, name in _COUNT_HEADERS.items():
-        value = headers.get(header, "")
-        if value.isascii() and value.isdigit() and len(value) <= 12:
-            fields[name] = int(value)
-    reason = headers.get("x-compaction-reason", "")
-    if _SANE_REASON.fullmatch(reason):
-        fields["compaction_reason"] = reason
-    return fields

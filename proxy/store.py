@@ -10,8 +10,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from proxy.config import StoreConfig
-
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
@@ -177,32 +175,3 @@ class MemoryStore:
 
     async def close(self) -> None:
         self._entries.clear()
-
-
-def open_store(config: StoreConfig, on_error: Callable[[str], None] | None = None,
-               on_health: Callable[[bool], None] | None = None) -> SummaryStore:
-    """The store a config names; opening is lazy, so a bad path or an absent Redis shows up in ping() rather
-    than here. `on_error(operation)` counts a failure the store caught itself (Redis and sqlite degrade to "no
-    record"); `on_health(up)` reports a shared store going down and up."""
-    if config.kind == "redis":
-        # Imported here: redis_store imports this module, and memory or sqlite users need not load redis-py.
-        from proxy.redis_store import RedisStore
-
-        return RedisStore.from_config(config, on_error=on_error, on_health=on_health)
-    if config.kind == "sqlite":
-        if config.path is None:
-            raise ValueError("a sqlite store needs a path")
-        from proxy.sqlite_store import SqliteStore  # imported here: sqlite_store imports this module
-
-        return SqliteStore(config.path, config.ttl_seconds, timeout_seconds=config.timeout_seconds, on_error=on_error)
-    return MemoryStore(config.max_entries, config.ttl_seconds, max_bytes=config.max_bytes)
-
-
-def __getattr__(name: str) -> Any:
-    # SqliteStore moved to proxy.sqlite_store (which imports this module); `from proxy.store import SqliteStore`
-    # still works.
-    if name == "SqliteStore":
-        from proxy.sqlite_store import SqliteStore
-
-        return SqliteStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

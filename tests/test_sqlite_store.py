@@ -22,7 +22,8 @@ import pytest
 
 from proxy.config import StoreConfig
 from proxy.fingerprint import hash_chain
-from proxy.store import CompactedPrefix, SummaryStore, open_store
+from proxy.store import CompactedPrefix, SummaryStore
+from proxy.stores import open_store
 from proxy.tenants import tenant_namespace
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
@@ -202,7 +203,8 @@ async def test_a_deleted_or_replaced_file_is_reopened_and_later_summaries_kept(
 READ_ONLY_RUN = """
 import asyncio, json, logging, sys
 from proxy.config import StoreConfig
-from proxy.store import CompactedPrefix, open_store
+from proxy.store import CompactedPrefix
+from proxy.stores import open_store
 
 kept = []
 class Keep(logging.Handler):

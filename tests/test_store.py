@@ -15,7 +15,8 @@ from proxy.config import StoreConfig
 from proxy.fingerprint import hash_chain
 from proxy.single_flight import SingleFlight
 from proxy.sqlite_store import SqliteStore
-from proxy.store import CompactedPrefix, MemoryStore, SummaryStore, open_store
+from proxy.store import CompactedPrefix, MemoryStore, SummaryStore
+from proxy.stores import open_store
 from proxy.tenants import tenant_namespace
 
 TTL = 100.0

@@ -16,7 +16,8 @@ import pytest
 from proxy.config import MIB, StoreConfig, settings_from_mapping
 from proxy.fingerprint import hash_chain
 from proxy.sqlite_store import SqliteStore
-from proxy.store import CompactedPrefix, MemoryStore, open_store
+from proxy.store import CompactedPrefix, MemoryStore
+from proxy.stores import open_store
 from proxy.tenants import tenant_namespace
 from tests.conftest import ProxyFactory
 

@@ -1,0 +1,52 @@
+"""The x-compaction* response headers: their names and values, built and read in one place."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Literal, get_args
+
+COMPACTION = "x-compaction"
+SHADOW = "x-compaction-shadow"
+TOKENS_BEFORE = "x-compaction-tokens-before"
+TOKENS_AFTER = "x-compaction-tokens-after"
+SHADOW_TOKENS_BEFORE = "x-compaction-shadow-tokens-before"
+SHADOW_TOKENS_AFTER = "x-compaction-shadow-tokens-after"
+ELIDED = "x-compaction-elided"
+REASON = "x-compaction-reason"
+MODE = "x-compaction-mode"  # a request header: a client's per-request choice
+
+# What compaction did for a chat request (x-compaction), and what it would have done in shadow mode.
+Outcome = Literal["none", "proactive", "reactive", "reused", "failed"]
+ShadowDecision = Literal["none", "reused", "proactive", "reactive"]
+OUTCOMES: frozenset[str] = frozenset(get_args(Outcome))
+SHADOW_DECISIONS: frozenset[str] = frozenset(get_args(ShadowDecision))
+# The whole-number headers, by the name each has as a log field.
+COUNTS = {TOKENS_BEFORE: "tokens_before", TOKENS_AFTER: "tokens_after", SHADOW_TOKENS_BEFORE: "shadow_tokens_before",
+          SHADOW_TOKENS_AFTER: "shadow_tokens_after", ELIDED: "elided"}
+_REASON = re.compile(r"[a-z_]{1,40}")
+_MAX_DIGITS = 12
+
+
+def outcome_of(headers: Mapping[str, str]) -> Outcome:
+    """x-compaction as a label: "none" for anything else (an upstream may send the header too, with anything in
+    it, and a label must not grow with what clients or upstreams choose)."""
+    value = headers.get(COMPACTION, "none")
+    return value if value in OUTCOMES else "none"  # type: ignore[return-value]  # checked against the Literal
+
+
+def log_fields(headers: Mapping[str, str]) -> dict[str, str | int]:
+    """The headers as access-log fields: known values and whole numbers only."""
+    fields: dict[str, str | int] = {}
+    for header, name, known in ((COMPACTION, "compaction", OUTCOMES), (SHADOW, "compaction_shadow", SHADOW_DECISIONS)):
+        value = headers.get(header)
+        if value in known:
+            fields[name] = value
+    for header, name in COUNTS.items():
+        count = headers.get(header, "")
+        if count.isascii() and count.isdigit() and len(count) <= _MAX_DIGITS:
+            fields[name] = int(count)
+    reason = headers.get(REASON, "")
+    if _REASON.fullmatch(reason):
+        fields["compaction_reason"] = reason
+    return fields
