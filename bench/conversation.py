@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.app import start_server
 from proxy.config import settings_from_mapping
-from tests.conftest import serve_app
 from tests.fakes.conversation import run_script
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
+from tests.fakes.serving import serve_app
 from tests.fakes.windowed import WindowedModel
 from tests.sdk import async_client
 

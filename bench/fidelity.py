@@ -37,7 +37,6 @@ from bench.fidelity_report import ARMS, aggregate, recall_table, summary_lines
 from proxy.app import start_server
 from proxy.config import ConfigError, settings_from_mapping
 from proxy.tokens import TokenCounter
-from tests.conftest import deep_merge
 from tests.e2e_real.model_files import fetch_model
 from tests.e2e_real.model_server import (
     REPO_ROOT,
@@ -46,6 +45,7 @@ from tests.e2e_real.model_server import (
     server_command,
     wait_until_ready,
 )
+from tests.fakes.serving import deep_merge
 from tests.ports import free_port
 
 MODELS = {"qwen-1.5b": "qwen-1.5b", "qwen-0.5b": "qwen-0.5b", "smollm2": "smollm2-135m"}

@@ -33,7 +33,6 @@ import aiohttp
 
 from bench.processes import BENCH_ROOT, rss_bytes, start_proxy, stop, wait_proxy
 from proxy.model_client import reply_bound
-from tests.conftest import serve_app
 from tests.fakes.hostile_summariser import (
     HostileSummariser,
     Reply,
@@ -44,6 +43,7 @@ from tests.fakes.hostile_summariser import (
     sse_flood,
 )
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
+from tests.fakes.serving import serve_app
 from tests.fakes.windowed import WindowedModel
 from tests.ports import free_port
 

@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.app import RunningServer, start_server
 from proxy.config import settings_from_mapping
-from tests.conftest import serve_app
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
+from tests.fakes.redis_process import RedisServer
+from tests.fakes.serving import serve_app
 from tests.fakes.summariser_requests import is_summarizer_request
 from tests.fakes.windowed import WindowedModel
-from tests.redis_server import RedisServer
 
 WINDOW = 8192
 TURNS = 20

@@ -9,33 +9,17 @@ from typing import Any
 import pytest
 import tiktoken
 import tiktoken.load
-from aiohttp import web
 
 from proxy.app import RunningServer, start_server
 from proxy.config import Settings, settings_from_mapping
 from proxy.encodings import BUNDLED_ENCODING, clear_encoding_cache
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
+from tests.fakes.serving import deep_merge, serve_app
 
 ProxyFactory = Callable[..., Awaitable[RunningServer]]
+# Re-exported: tests import the serving helpers from here as well as from tests.fakes.serving.
+__all__ = ["ProxyFactory", "deep_merge", "serve_app"]
 pytest_plugins = ["tests.secrets_scan"]  # fails the run if a key or password reaches a log or store
-
-
-def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
 
 
 @pytest.fixture

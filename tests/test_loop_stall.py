@@ -16,9 +16,9 @@ import pytest
 from proxy.app import start_server
 from proxy.config import settings_from_mapping
 from proxy.model_client import reply_bound
-from tests.conftest import serve_app
 from tests.fakes.hostile_summariser import HostileSummariser, filled_body, filling, words
 from tests.fakes.openai_upstream import ChatHook, FakeUpstream, FakeUpstreamApp
+from tests.fakes.serving import serve_app
 from tests.fakes.windowed import WindowedModel
 
 # Far above any stall that small work causes on a busy 2-core machine, far below the seconds a history of this size

@@ -19,8 +19,8 @@ from proxy.app import RunningServer
 from proxy.middleware import openai_errors
 from proxy.relay import deliver
 from proxy.upstream import response_headers
-from tests.conftest import serve_app
 from tests.fakes.openai_upstream import FakeUpstream, chunk, sse
+from tests.fakes.serving import serve_app
 from tests.sdk import async_client
 
 ChunkFilter = Callable[[bytes], bytes]

@@ -13,8 +13,8 @@ import aiohttp
 from aiohttp import web
 
 from proxy.streaming import SseDecoder, SseEvent
-from tests.conftest import serve_app
 from tests.e2e_real.model_server import SEED
+from tests.fakes.serving import serve_app
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "transfer-encoding", "upgrade", "host", "content-length"})
