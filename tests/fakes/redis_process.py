@@ -15,7 +15,6 @@ from pathlib import Path
 
 from tests.ports import free_port
 
-
 READY_TIMEOUT_SECONDS = 10.0
 PASSWORD = "s3cret-Pa55word"
 
