@@ -79,7 +79,7 @@ class Bodies:
     def bytes_per_token(self) -> float:
         """JSON bytes per token of request 0 (proxy.tokens, cl100k): the fake upstream's usage reports
         len(body) / this, so the proxy's calibration ratio stays near 1."""
-        from proxy.tokens import TokenCounter
+        from proxy.core.tokens import TokenCounter
 
         tokens = TokenCounter("cl100k_base").count_request(self.payload(0))
         return len(self.body(0)) / max(1, tokens)

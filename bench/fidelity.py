@@ -36,7 +36,7 @@ from bench.fidelity_filler import Message
 from bench.fidelity_report import ARMS, aggregate, recall_table, summary_lines
 from proxy.app import start_server
 from proxy.config import ConfigError, settings_from_mapping
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
 from tests.e2e_real.model_files import fetch_model
 from tests.e2e_real.model_server import (
     REPO_ROOT,

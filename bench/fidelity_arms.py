@@ -15,9 +15,9 @@ from aiohttp import web
 from bench.fidelity_drive import Answer, ask
 from bench.fidelity_facts import Conversation, Fact, facts_in, message_text, request_text
 from bench.fidelity_filler import Message
-from proxy.budget import window_margin
-from proxy.summary import StructuredSummary
-from proxy.tokens import TokenCounter
+from proxy.core.budget import window_margin
+from proxy.core.tokens import TokenCounter
+from proxy.summarizer.summary import StructuredSummary
 from tests.e2e_real.model_server import Perf, parse_perf
 from tests.e2e_real.recorder import Exchange, Recorder
 

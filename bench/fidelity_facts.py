@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bench.fidelity_filler import PACKAGES, WORDS, Message, filler_round, hex_id, tool_call, tool_result
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
 
 KINDS = ("path", "identifier", "number", "error", "command", "constraint", "decision", "overridden")
 SYSTEM = ("You are a coding agent working in the repository at /repo. Use the tools to read files, run commands "

@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 
 from bench.processes import BENCH_ROOT, rss_bytes, start_proxy, stop, wait_proxy
-from proxy.model_client import reply_bound
+from proxy.summarizer.model_client import reply_bound
 from tests.fakes.hostile_summariser import (
     HostileSummariser,
     Reply,

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.small_windows_report import Run, Turn, failure_report, table, write_json
 from proxy.app import start_server
 from proxy.config import settings_from_mapping
-from proxy.templates import default_templates
+from proxy.summarizer.templates import default_templates
 from tests.e2e_real.model_files import fetch_model
 from tests.e2e_real.model_server import (
     DEFAULT_CACHE_DIR,

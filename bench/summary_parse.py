@@ -7,7 +7,7 @@ import json
 import statistics
 import time
 
-from proxy.summary import StructuredSummary
+from proxy.summarizer.summary import StructuredSummary
 
 # Each unit repeated until the reply reaches the size asked; the legitimate reply is one fenced summary that grows.
 SHAPES = {

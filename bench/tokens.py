@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from proxy.encodings import load_encoding
-from proxy.tokens import TokenCounter
+from proxy.core.encodings import load_encoding
+from proxy.core.tokens import TokenCounter
 
 WORDS = (
     "the request handler returns a response object when the upstream answers with status code error "

@@ -12,23 +12,23 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Calibration": "proxy.calibration",
-    "ChatModel": "proxy.summarizer",
-    "FileNote": "proxy.summary",
-    "StructuredSummary": "proxy.summary",
-    "SummarizerError": "proxy.summarizer",
-    "SummarizerOverflow": "proxy.summarizer",
-    "Summary": "proxy.summarizer",
-    "SummaryTruncated": "proxy.summarizer",
-    "Templates": "proxy.templates",
-    "TokenCounter": "proxy.tokens",
-    "code_fence": "proxy.fence",
-    "context_limit_from_error": "proxy.overflow",
-    "detect_context_overflow": "proxy.overflow",
-    "format_message_for_compacting": "proxy.transcript",
-    "format_transcript": "proxy.transcript",
-    "summarize": "proxy.summarizer",
-    "summary_text": "proxy.summary",
+    "Calibration": "proxy.core.calibration",
+    "ChatModel": "proxy.summarizer.summarizer",
+    "FileNote": "proxy.summarizer.summary",
+    "StructuredSummary": "proxy.summarizer.summary",
+    "SummarizerError": "proxy.summarizer.summarizer",
+    "SummarizerOverflow": "proxy.summarizer.summarizer",
+    "Summary": "proxy.summarizer.summarizer",
+    "SummaryTruncated": "proxy.summarizer.summarizer",
+    "Templates": "proxy.summarizer.templates",
+    "TokenCounter": "proxy.core.tokens",
+    "code_fence": "proxy.summarizer.fence",
+    "context_limit_from_error": "proxy.upstream.overflow",
+    "detect_context_overflow": "proxy.upstream.overflow",
+    "format_message_for_compacting": "proxy.summarizer.transcript",
+    "format_transcript": "proxy.summarizer.transcript",
+    "summarize": "proxy.summarizer.summarizer",
+    "summary_text": "proxy.summarizer.summary",
 }
 
 __all__ = [
@@ -52,14 +52,21 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from proxy.calibration import Calibration
-    from proxy.fence import code_fence
-    from proxy.overflow import context_limit_from_error, detect_context_overflow
-    from proxy.summarizer import ChatModel, SummarizerError, SummarizerOverflow, Summary, SummaryTruncated, summarize
-    from proxy.summary import FileNote, StructuredSummary, summary_text
-    from proxy.templates import Templates
-    from proxy.tokens import TokenCounter
-    from proxy.transcript import format_message_for_compacting, format_transcript
+    from proxy.core.calibration import Calibration
+    from proxy.core.tokens import TokenCounter
+    from proxy.summarizer.fence import code_fence
+    from proxy.summarizer.summarizer import (
+        ChatModel,
+        SummarizerError,
+        SummarizerOverflow,
+        Summary,
+        SummaryTruncated,
+        summarize,
+    )
+    from proxy.summarizer.summary import FileNote, StructuredSummary, summary_text
+    from proxy.summarizer.templates import Templates
+    from proxy.summarizer.transcript import format_message_for_compacting, format_transcript
+    from proxy.upstream.overflow import context_limit_from_error, detect_context_overflow
 
 
 def __getattr__(name: str) -> Any:

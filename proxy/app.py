@@ -9,23 +9,30 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from proxy import handlers
-from proxy.appkeys import METRICS, RUNTIME, SETTINGS
-from proxy.calibration import Calibration
+from proxy.compaction.runtime import (
+    RuntimeSlot,
+    Shared,
+    TrackedFlights,
+    build_runtime,
+    load_templates,
+)
 from proxy.config import Settings
-from proxy.flights import open_flights
-from proxy.history_index import HistoryIndex
+from proxy.core.calibration import Calibration
+from proxy.core.history_index import HistoryIndex
+from proxy.core.tokens import TokenCounter
+from proxy.http import handlers
+from proxy.http.appkeys import METRICS, RUNTIME, SETTINGS
+from proxy.http.middleware import count_requests, openai_errors, require_proxy_key
+from proxy.http.paths import refuse_escaping_paths
+from proxy.http.pin import pin_runtime, pinned
+from proxy.http.request_body import close_unread_bodies
+from proxy.http.request_log import on_response_prepare, request_log
+from proxy.http.server_timeouts import REFUSED_BODY_LINGER, GuardedAppRunner
 from proxy.metrics import Metrics
-from proxy.middleware import count_requests, openai_errors, require_proxy_key
-from proxy.paths import refuse_escaping_paths
-from proxy.request_body import close_unread_bodies
-from proxy.request_log import on_response_prepare, request_log
-from proxy.runtime import RuntimeSlot, Shared, TrackedFlights, build_runtime, load_templates, pin_runtime, pinned
-from proxy.server_timeouts import REFUSED_BODY_LINGER, GuardedAppRunner
-from proxy.store_timing import TimedStore
-from proxy.stores import open_store
-from proxy.tokens import TokenCounter
-from proxy.upstream import create_session
+from proxy.store.flights import open_flights
+from proxy.store.store_timing import TimedStore
+from proxy.store.stores import open_store
+from proxy.upstream.upstream import create_session
 
 log = logging.getLogger(__name__)
 

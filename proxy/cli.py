@@ -17,9 +17,9 @@ from typing import Any
 
 from proxy import __version__
 from proxy.app import start_server
-from proxy.appkeys import RUNTIME
-from proxy.client_connections import client_capacity, open_files_limit, recommended_limit
 from proxy.config import ConfigError, Settings, load_settings, open_relay_problem
+from proxy.http.appkeys import RUNTIME
+from proxy.http.client_connections import client_capacity, open_files_limit, recommended_limit
 from proxy.log_filters import install as install_redaction
 from proxy.log_filters import mask_url
 from proxy.log_limits import install as install_repeat_limits

@@ -10,10 +10,10 @@ from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
+from proxy.compaction.runtime import RuntimeSlot, build_runtime, load_templates
 from proxy.config import ConfigError, Settings, open_relay_problem, settings_from_mapping
 from proxy.config_file import read_head, read_tree
 from proxy.log_limits import EXEMPT
-from proxy.runtime import RuntimeSlot, build_runtime, load_templates
 
 log = logging.getLogger(__name__)
 

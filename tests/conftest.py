@@ -12,7 +12,7 @@ import tiktoken.load
 
 from proxy.app import RunningServer, start_server
 from proxy.config import Settings, settings_from_mapping
-from proxy.encodings import BUNDLED_ENCODING, clear_encoding_cache
+from proxy.core.encodings import BUNDLED_ENCODING, clear_encoding_cache
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
 from tests.fakes.serving import deep_merge, serve_app
 

@@ -15,6 +15,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "proxy"
 # The public API is imported lazily (PEP 562) so that `import proxy` stays light: a deliberate deferral, no circle.
 LAZY_EXPORTS = "__init__"
 
+# The layers, top to bottom: a module may import its own layer and any layer ranked below it, never above. The
+# three in the middle are siblings (rank 4): none of them imports another.
+SHELL = frozenset({"__init__", "__main__", "app", "cli", "reload", "workers"})  # proxy/: starts and holds the rest
+RANKS = {"shell": 8, "http": 6, "compaction": 5, "summarizer": 4, "dialects": 4, "store": 4, "upstream": 3, "core": 2,
+         "base": 1}
+# proxy/'s other modules are the base every layer may use: settings, errors, metrics, the header contract, the
+# request's context, logging filters and the off-loop helper. They import only each other.
+
 
 @dataclass(frozen=True)
 class Module:
@@ -22,15 +30,42 @@ class Module:
     imports: frozenset[str]  # proxy modules it imports, anywhere in it
     external: frozenset[str]  # top-level names of the other packages it imports
     deferred: tuple[tuple[int, str], ...] = field(default=())  # (line, module) of proxy imports inside a function
+    web: bool = False  # imports aiohttp's server side (aiohttp.web)
 
 
-def _imports(tree: ast.AST) -> Iterator[tuple[ast.AST, list[str]]]:
+def _targets(node: ast.AST, known: frozenset[str]) -> list[str]:
+    """The proxy modules one import statement names, dotted below `proxy` ("core.budget", "app")."""
+    if isinstance(node, ast.Import):
+        return [alias.name.removeprefix("proxy.") for alias in node.names if alias.name.startswith("proxy.")]
+    if not isinstance(node, ast.ImportFrom) or node.level != 0 or not node.module:
+        return []
+    if node.module != "proxy" and not node.module.startswith("proxy."):
+        return []
+    package = node.module.removeprefix("proxy").removeprefix(".")
+    # `from proxy.core import budget` imports a module; `from proxy.core.budget import Budget` a name of one.
+    found = [f"{package}.{alias.name}".lstrip(".") for alias in node.names]
+    return [name for name in found if name in known] or ([package] if package in known else [])
+
+
+def _externals(tree: ast.AST) -> set[str]:
+    found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module] if node.module != "proxy" else [f"proxy.{alias.name}" for alias in node.names]
-            yield node, names
+            found.add(node.module.split(".")[0])
         elif isinstance(node, ast.Import):
-            yield node, [alias.name for alias in node.names]
+            found |= {alias.name.split(".")[0] for alias in node.names}
+    return found - {"proxy"}
+
+
+def _imports_web(tree: ast.AST) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.startswith("aiohttp.web") or (node.module == "aiohttp"
+                                                         and any(alias.name == "web" for alias in node.names)):
+                return True
+        elif isinstance(node, ast.Import) and any(alias.name.startswith("aiohttp.web") for alias in node.names):
+            return True
+    return False
 
 
 def _inside_functions(tree: ast.AST) -> set[int]:
@@ -42,25 +77,33 @@ def _inside_functions(tree: ast.AST) -> set[int]:
     return found
 
 
-def read(path: Path) -> Module:
+def name_of(path: Path) -> str:
+    """A source file's module name below `proxy`: "core.budget", "app", "core" for a folder's __init__."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
+
+
+def read(path: Path, known: frozenset[str]) -> Module:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    local, external, deferred = set(), set(), []
+    name = name_of(path)
+    local, deferred = set(), []
     in_functions = _inside_functions(tree)
-    for node, names in _imports(tree):
-        for name in names:
-            if name.startswith("proxy."):
-                target = name.split(".")[1]
-                local.add(target)
-                if id(node) in in_functions:
-                    deferred.append((getattr(node, "lineno", 0), target))
-            elif name != "proxy":
-                external.add(name.split(".")[0])
-    return Module(path.stem, frozenset(local - {path.stem}), frozenset(external), tuple(deferred))
+    for node in ast.walk(tree):
+        for target in _targets(node, known):
+            local.add(target)
+            if id(node) in in_functions:
+                deferred.append((getattr(node, "lineno", 0), target))
+    return Module(name, frozenset(local - {name}), frozenset(_externals(tree)), tuple(deferred), _imports_web(tree))
+
+
+def sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
 
 
 @cache
 def modules() -> dict[str, Module]:
-    return {path.stem: read(path) for path in sorted(PACKAGE.glob("*.py"))}
+    known = frozenset(name_of(path) for path in sources())
+    return {name_of(path): read(path, known) for path in sources()}
 
 
 def circles(graph: dict[str, Module]) -> list[list[str]]:
@@ -131,6 +174,31 @@ def reaches(graph: dict[str, Module], start: str) -> set[str]:
     return seen
 
 
+def layer(name: str) -> str:
+    """The layer a module belongs to: its folder, or "shell" / "base" for the modules directly in proxy/."""
+    folder, dot, _ = name.partition(".")
+    if dot or folder in RANKS:
+        return folder
+    return "shell" if name in SHELL else "base"
+
+
+def upward(graph: dict[str, Module]) -> list[str]:
+    """Every arrow that points up or sideways between layers, as "importer -> imported"."""
+    return [f"{name} -> {target}" for name, module in sorted(graph.items()) for target in sorted(module.imports)
+            if target in graph and layer(name) != layer(target) and RANKS[layer(name)] <= RANKS[layer(target)]]
+
+
+def folder_arrows(graph: dict[str, Module]) -> dict[tuple[str, str], int]:
+    """How many arrows go from each layer to each other layer."""
+    counted: dict[tuple[str, str], int] = {}
+    for name, module in graph.items():
+        for target in module.imports:
+            if target in graph and layer(target) != layer(name):
+                key = (layer(name), layer(target))
+                counted[key] = counted.get(key, 0) + 1
+    return counted
+
+
 def main() -> None:
     graph = {name: module for name, module in modules().items() if name != LAZY_EXPORTS}
     arrows = sum(len(module.imports) for module in graph.values())
@@ -138,7 +206,15 @@ def main() -> None:
     deferred = [(name, line, target) for name, module in graph.items() for line, target in module.deferred]
     print(f"imports deferred into functions: {len(deferred)}")
     for name, line, target in deferred:
-        print(f"  proxy/{name}.py:{line} imports proxy.{target}")
+        print(f"  proxy.{name}:{line} imports proxy.{target}")
+    print(f"arrows pointing up or sideways: {len(upward(graph))}")
+    for arrow in upward(graph):
+        print(f"  {arrow}")
+    print("layer -> the layers it imports (arrows)")
+    counted = folder_arrows(graph)
+    for source in sorted(RANKS, key=lambda name: -RANKS[name]):
+        targets = sorted((target for (origin, target) in counted if origin == source), key=lambda name: -RANKS[name])
+        print(f"  {source:<11} -> " + ", ".join(f"{target} ({counted[source, target]})" for target in targets))
 
 
 if __name__ == "__main__":

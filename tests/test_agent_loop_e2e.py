@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from proxy.plan import check_tool_pairing
+from proxy.core.plan import check_tool_pairing
 from tests.conftest import ProxyFactory
 from tests.fakes.agent import INSTRUCTION, SYSTEM, AgentModel, markers_seen, run_agent
 from tests.fakes.openai_upstream import FakeUpstream

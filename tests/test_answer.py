@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.pipeline import ChatPipeline
+from proxy.compaction.pipeline import ChatPipeline
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from proxy.attempt import _judged
-from proxy.overflow import detect_context_overflow
+from proxy.upstream.attempt import _judged
+from proxy.upstream.overflow import detect_context_overflow
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
 

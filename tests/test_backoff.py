@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.backoff import MAX_SKIPPED, Backoff, shrink
+from proxy.core.backoff import MAX_SKIPPED, Backoff, shrink
 
 
 def test_each_failure_skips_more_attempts() -> None:

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import budget
-from proxy.budget import MIN_SUMMARY_TOKENS, Limits
-from proxy.plan import plan_compaction
+from proxy.core import budget
+from proxy.core.budget import MIN_SUMMARY_TOKENS, Limits
+from proxy.core.plan import plan_compaction
 
 
 def limits(window: int, reserve: int = 1024, **fields: float) -> Limits:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.calibration import Calibration
+from proxy.core.calibration import Calibration
 
 
 def test_unknown_model_ratio_is_one() -> None:

@@ -15,7 +15,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from proxy.app import RunningServer
-from proxy.chat_request import (
+from proxy.core.fingerprint import canonical_json, hash_chain, message_digest
+from proxy.core.tenants import tenant_namespace
+from proxy.dialects.chat_request import (
     MAX_NESTING,
     ChatCall,
     _plainly_within_limits,
@@ -24,8 +26,6 @@ from proxy.chat_request import (
     has_lone_surrogate_escape,
 )
 from proxy.errors import BadRequest
-from proxy.fingerprint import canonical_json, hash_chain, message_digest
-from proxy.tenants import tenant_namespace
 from tests.fakes.openai_upstream import FakeUpstream, chunk, completion, sse
 
 HEADERS: dict[str, str] = {}

@@ -8,7 +8,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.client_connections import ACCEPT_BURST, HEADROOM, ClientConnections, client_capacity
+from proxy.http.client_connections import ACCEPT_BURST, HEADROOM, ClientConnections, client_capacity
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.test_timeouts import closed_by_peer, open_idle_sockets, proxy_process
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from proxy.plan import check_tool_pairing
+from proxy.core.plan import check_tool_pairing
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream, completion
 from tests.fakes.summariser_requests import is_summarizer_request, summarised_text

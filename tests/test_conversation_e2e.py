@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.plan import check_tool_pairing
+from proxy.core.plan import check_tool_pairing
 from tests.conftest import ProxyFactory
 from tests.fakes.conversation import SYSTEM, run_script
 from tests.fakes.openai_upstream import FakeUpstream

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from proxy.config import UpstreamConfig
-from proxy.discovery import (
+from proxy.upstream.discovery import (
     Discovered,
     WindowSource,
     api_root,
@@ -22,7 +22,7 @@ from proxy.discovery import (
     parse_props,
     plausible,
 )
-from proxy.upstream import Upstream, create_session
+from proxy.upstream.upstream import Upstream, create_session
 from tests.fakes.model_servers import Broken, ModelServer, Style
 from tests.fakes.serving import serve_app
 

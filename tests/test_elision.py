@@ -7,8 +7,8 @@ import copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.budget import Limits
-from proxy.elision import elide_oversized, elide_text
+from proxy.core.budget import Limits
+from proxy.core.elision import elide_oversized, elide_text
 
 
 def words(text: str) -> int:

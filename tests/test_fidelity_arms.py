@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bench.fidelity_arms import EarlierControls, tail_of
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
 
 
 def earlier_run(tmp_path: Path, model: str = "qwen-1.5b", window: int = 3072, cycles: int = 3,

@@ -25,7 +25,7 @@ from bench.fidelity_facts import (
     request_text,
 )
 from bench.fidelity_report import aggregate, recall_table
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import OPENAI_OVERFLOW, WindowedModel

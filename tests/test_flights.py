@@ -11,11 +11,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.compactor import Compactor
-from proxy.fingerprint import hash_chain
-from proxy.flights import Announcements, Build, Lease, LocalFlights, RedisFlights, RemoteFailure, open_flights
-from proxy.redis_store import RedisStore
-from proxy.store import CompactedPrefix, MemoryStore
+from proxy.compaction.compactor import Compactor
+from proxy.core.fingerprint import hash_chain
+from proxy.store.flights import Announcements, Build, Lease, LocalFlights, RedisFlights, RemoteFailure, open_flights
+from proxy.store.redis_store import RedisStore
+from proxy.store.store import CompactedPrefix, MemoryStore
 from tests.conftest import ProxyFactory
 from tests.fakes.windowed import WindowedModel
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.fingerprint import hash_chain
-from proxy.history_index import HistoryIndex
+from proxy.core.fingerprint import hash_chain
+from proxy.core.history_index import HistoryIndex
+from proxy.core.tokens import TokenCounter
 from proxy.offload import LARGE
-from proxy.tokens import TokenCounter
 
 COUNTER = TokenCounter()
 

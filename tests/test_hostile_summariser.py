@@ -214,12 +214,12 @@ async def test_an_unexpected_failure_forwards_the_request_and_backs_off(fake: Fa
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever breaks inside a compaction (here a bug stands in, raised where the summary is made), the client
     gets what the upstream answered, never a 500, and the next turn does not fail the same way at once."""
-    import proxy.compactor
+    import proxy.compaction.compactor
 
     async def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(proxy.compactor, "summarize", broken)
+    monkeypatch.setattr(proxy.compaction.compactor, "summarize", broken)
     summariser = hostile(fake, answering("unused"))
     server = await make_proxy(config(threshold=0))
     error = await overflowing_turn(server.url)

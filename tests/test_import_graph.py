@@ -7,13 +7,15 @@ import sys
 
 import pytest
 
-from tests.import_graph import LAZY_EXPORTS, Module, circles, levels, modules, reaches
+from tests.import_graph import LAZY_EXPORTS, Module, circles, layer, levels, modules, reaches, upward
 
-# Pure logic: no network, no aiohttp, no templates. Anything here may be imported by any layer, and imports only
-# from this list and the standard library or small pure packages (tiktoken, orjson, pydantic).
-CORE = ("backoff", "budget", "calibration", "credentials", "elision", "encodings", "errors", "fence", "fingerprint",
-        "headers", "history_index", "messages", "offload", "overflow", "plan", "request_context", "result_removal",
-        "routes", "single_flight", "streaming", "summary_check", "tenants", "tokens", "transcript")
+# Pure logic: no network, no aiohttp, no templates. Every module of proxy/core is, and so are these of other layers
+# (pure parts the layers above lean on); each imports only pure modules, the standard library and small pure
+# packages (tiktoken, orjson, pydantic).
+PURE_ELSEWHERE = ("errors", "headers", "offload", "request_context", "summarizer.fence", "summarizer.result_removal",
+                  "summarizer.summary_check", "summarizer.transcript", "upstream.overflow", "upstream.streaming",
+                  "store.single_flight", "http.routes")
+CORE = tuple(sorted(name for name in modules() if layer(name) == "core")) + PURE_ELSEWHERE
 WEB = frozenset({"aiohttp", "jinja2", "redis", "prometheus_client"})
 
 
@@ -27,9 +29,22 @@ def test_there_are_no_import_circles() -> None:
 
 
 def test_no_module_hides_an_import_of_another_in_a_function() -> None:
-    hidden = [f"proxy/{name}.py:{line} imports proxy.{target}" for name, module in graph().items()
+    hidden = [f"proxy.{name}:{line} imports proxy.{target}" for name, module in graph().items()
               for line, target in module.deferred]
     assert hidden == []
+
+
+def test_arrows_point_down_the_layers_only() -> None:
+    """shell -> http -> compaction -> {summarizer, dialects, store} -> upstream -> core -> base (tests/import_graph)."""
+    assert upward(graph()) == []
+    assert {layer(name) for name in graph()} == {"shell", "http", "compaction", "summarizer", "dialects", "store",
+                                                 "upstream", "core", "base"}
+
+
+def test_aiohttp_web_is_imported_by_the_http_edge_and_the_shell_only() -> None:
+    importers = sorted(name for name, module in graph().items() if module.web)
+    assert "http.handlers" in importers
+    assert {layer(name) for name in importers} <= {"http", "shell"}, importers
 
 
 @pytest.mark.parametrize("name", CORE)
@@ -54,3 +69,8 @@ def test_the_graph_sees_a_circle_and_a_hidden_import() -> None:
                                                                              ((3, "a"),))}
     assert circles(made_up) == [["a", "b"]]
     assert [target for module in made_up.values() for _, target in module.deferred] == ["a"]
+    sideways = {"core.a": Module("core.a", frozenset({"http.b"}), frozenset()),
+                "http.b": Module("http.b", frozenset(), frozenset()),
+                "store.c": Module("store.c", frozenset({"summarizer.d"}), frozenset()),
+                "summarizer.d": Module("summarizer.d", frozenset(), frozenset())}
+    assert upward(sideways) == ["core.a -> http.b", "store.c -> summarizer.d"]

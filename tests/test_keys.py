@@ -24,7 +24,7 @@ from proxy import log_filters
 from proxy.cli import main
 from proxy.config import ConfigError, open_relay_problem, settings_from_mapping
 from proxy.log_filters import RedactSecrets, mask_url, redact
-from proxy.upstream import request_headers
+from proxy.upstream.upstream import request_headers
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel

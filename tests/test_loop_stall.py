@@ -15,7 +15,7 @@ import pytest
 
 from proxy.app import start_server
 from proxy.config import settings_from_mapping
-from proxy.model_client import reply_bound
+from proxy.summarizer.model_client import reply_bound
 from tests.fakes.hostile_summariser import HostileSummariser, filled_body, filling, words
 from tests.fakes.openai_upstream import ChatHook, FakeUpstream, FakeUpstreamApp
 from tests.fakes.serving import serve_app

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy import messages as shape
+from proxy.core import messages as shape
 
 
 @pytest.mark.parametrize(

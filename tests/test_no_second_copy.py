@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 
 from proxy.config import UpstreamConfig
-from proxy.upstream import Upstream, UpstreamRequest, create_session
-from proxy.upstream_pool import never_written
+from proxy.upstream.upstream import Upstream, UpstreamRequest, create_session
+from proxy.upstream.upstream_pool import never_written
 from tests.conftest import ProxyFactory
 
 OK_BODY = b'{"object":"ok"}'

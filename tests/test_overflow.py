@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.overflow import (
+from proxy.upstream.overflow import (
     _COMPARISON,
     _LIMIT,
     _OUTPUT,

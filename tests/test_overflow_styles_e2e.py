@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.overflow import context_limit_from_error
+from proxy.upstream.overflow import context_limit_from_error
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import Overflow, WindowedModel

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from yarl import URL
 
-from proxy.paths import refusal
+from proxy.http.paths import refusal
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 

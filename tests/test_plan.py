@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.budget import Limits
-from proxy.plan import (
+from proxy.core.budget import Limits
+from proxy.core.plan import (
     Plan,
     apply_replacement,
     check_tool_pairing,

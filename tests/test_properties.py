@@ -12,9 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.chat_request import MAX_NESTING
-from proxy.messages import TOOL_RESULT_ROLES
-from proxy.streaming import (
+from proxy.core.messages import TOOL_RESULT_ROLES
+from proxy.dialects.chat_request import MAX_NESTING
+from proxy.summarizer.summary import FIELD_NAMES, StructuredSummary, summary_text
+from proxy.summarizer.transcript import format_message_for_compacting, format_transcript
+from proxy.upstream.streaming import (
     SseDecoder,
     SseEvent,
     UsageTap,
@@ -24,8 +26,6 @@ from proxy.streaming import (
     is_preamble_event,
     is_usage_only_chunk,
 )
-from proxy.summary import FIELD_NAMES, StructuredSummary, summary_text
-from proxy.transcript import format_message_for_compacting, format_transcript
 
 # Generated cases per property (every call hypothesis makes, shrinking included), shown after the run.
 CASES: Counter[str] = Counter()

@@ -13,12 +13,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from proxy.config import ConfigError, StoreConfig, settings_from_mapping
-from proxy.fingerprint import hash_chain
-from proxy.flights import DROPPED, STORED, Held, Lease, LeaseStore, StoreUnavailable
+from proxy.core.fingerprint import hash_chain
 from proxy.log_filters import mask_url
-from proxy.redis_store import RedisStore
-from proxy.store import CompactedPrefix, SummaryStore
-from proxy.stores import open_store
+from proxy.store.flights import DROPPED, STORED, Held, Lease, LeaseStore, StoreUnavailable
+from proxy.store.redis_store import RedisStore
+from proxy.store.store import CompactedPrefix, SummaryStore
+from proxy.store.stores import open_store
 from tests import test_store as contract
 from tests.redis_server import PASSWORD, RedisServer, redis_server, secured_redis  # noqa: F401  (fixtures)
 from tests.test_store import OTHER_TENANT, TENANT, TTL, history, record_for

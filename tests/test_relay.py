@@ -14,11 +14,11 @@ import pytest
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 
-from proxy.answer import Answer
 from proxy.app import RunningServer
-from proxy.middleware import openai_errors
-from proxy.relay import deliver
-from proxy.upstream import response_headers
+from proxy.http.middleware import openai_errors
+from proxy.http.relay import deliver
+from proxy.upstream.answer import Answer
+from proxy.upstream.upstream import response_headers
 from tests.fakes.openai_upstream import FakeUpstream, chunk, sse
 from tests.fakes.serving import serve_app
 from tests.sdk import async_client

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from proxy.app import RunningServer
-from proxy.store import CompactedPrefix
+from proxy.store.store import CompactedPrefix
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.summariser_requests import is_summarizer_request

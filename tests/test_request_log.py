@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from proxy.http.request_log import CLIENT_CLOSED, on_response_prepare, request_log, sane_request_id
 from proxy.request_context import annotate, current_request_id
-from proxy.request_log import CLIENT_CLOSED, on_response_prepare, request_log, sane_request_id
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel

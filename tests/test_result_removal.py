@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.result_removal import REMOVED_TOOL_RESULT, middle_out_order, removal_ladder
+from proxy.summarizer.result_removal import REMOVED_TOOL_RESULT, middle_out_order, removal_ladder
 
 Message = dict[str, Any]
 

@@ -18,7 +18,7 @@ import yaml
 from aiohttp import web
 
 from proxy.app import RunningServer
-from proxy.appkeys import RUNTIME
+from proxy.http.appkeys import RUNTIME
 from proxy.reload import Reloader
 from tests.conftest import ProxyFactory, deep_merge
 from tests.fakes.openai_upstream import FakeUpstream, chunk, sse

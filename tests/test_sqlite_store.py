@@ -21,10 +21,10 @@ import aiohttp
 import pytest
 
 from proxy.config import StoreConfig
-from proxy.fingerprint import hash_chain
-from proxy.store import CompactedPrefix, SummaryStore
-from proxy.stores import open_store
-from proxy.tenants import tenant_namespace
+from proxy.core.fingerprint import hash_chain
+from proxy.core.tenants import tenant_namespace
+from proxy.store.store import CompactedPrefix, SummaryStore
+from proxy.store.stores import open_store
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
@@ -203,8 +203,8 @@ async def test_a_deleted_or_replaced_file_is_reopened_and_later_summaries_kept(
 READ_ONLY_RUN = """
 import asyncio, json, logging, sys
 from proxy.config import StoreConfig
-from proxy.store import CompactedPrefix
-from proxy.stores import open_store
+from proxy.store.store import CompactedPrefix
+from proxy.store.stores import open_store
 
 kept = []
 class Keep(logging.Handler):

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from proxy.config import StoreConfig
-from proxy.fingerprint import hash_chain
-from proxy.single_flight import SingleFlight
-from proxy.sqlite_store import SqliteStore
-from proxy.store import CompactedPrefix, MemoryStore, SummaryStore
-from proxy.stores import open_store
-from proxy.tenants import tenant_namespace
+from proxy.core.fingerprint import hash_chain
+from proxy.core.tenants import tenant_namespace
+from proxy.store.single_flight import SingleFlight
+from proxy.store.sqlite_store import SqliteStore
+from proxy.store.store import CompactedPrefix, MemoryStore, SummaryStore
+from proxy.store.stores import open_store
 
 TTL = 100.0
 TENANT = tenant_namespace("sk-one")

@@ -14,11 +14,11 @@ import aiohttp
 import pytest
 
 from proxy.config import MIB, StoreConfig, settings_from_mapping
-from proxy.fingerprint import hash_chain
-from proxy.sqlite_store import SqliteStore
-from proxy.store import CompactedPrefix, MemoryStore
-from proxy.stores import open_store
-from proxy.tenants import tenant_namespace
+from proxy.core.fingerprint import hash_chain
+from proxy.core.tenants import tenant_namespace
+from proxy.store.sqlite_store import SqliteStore
+from proxy.store.store import CompactedPrefix, MemoryStore
+from proxy.store.stores import open_store
 from tests.conftest import ProxyFactory
 
 TTL = 100.0

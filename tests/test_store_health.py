@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from proxy.store_health import LogThrottle, StoreHealth
+from proxy.store.store_health import LogThrottle, StoreHealth
 
 
 @dataclass

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from proxy.config import StoreConfig
-from proxy.store import CompactedPrefix, MemoryStore
-from proxy.store_timing import TimedStore
+from proxy.store.store import CompactedPrefix, MemoryStore
+from proxy.store.store_timing import TimedStore
 
 
 def record(prefix_hash: str = "h2") -> CompactedPrefix:
@@ -52,8 +52,8 @@ async def test_concurrent_operations_are_each_observed() -> None:
 
 
 def test_a_timed_redis_store_still_grants_leases() -> None:
-    from proxy.flights import LeaseStore
-    from proxy.redis_store import RedisStore
+    from proxy.store.flights import LeaseStore
+    from proxy.store.redis_store import RedisStore
 
     redis = RedisStore.from_config(StoreConfig(kind="redis", url="redis://127.0.0.1:1"))  # connects lazily: never
     assert isinstance(TimedStore(redis, lambda operation, seconds: None), LeaseStore)

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.streaming import SseDecoder
+from proxy.upstream.streaming import SseDecoder
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream, chunk, sse
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.streaming import (
+from proxy.upstream.streaming import (
     SseDecoder,
     SseEvent,
     UsageTap,

@@ -15,14 +15,14 @@ import pytest
 from aiohttp import web
 
 from proxy.config import ConfigError, SummarizerConfig, UpstreamConfig, settings_from_mapping
-from proxy.model_client import ModelClient
-from proxy.structured_output import FormatMemory, refuses, response_format
-from proxy.summarizer import SummarizerError, SummaryTruncated, summarize
-from proxy.summary import FIELD_NAMES, StructuredSummary, summary_text
-from proxy.summary_schema import CHARS_PER_TOKEN, SCHEMA_NAME, summary_schema
-from proxy.templates import Templates
-from proxy.tokens import TokenCounter
-from proxy.upstream import Upstream, create_session
+from proxy.core.tokens import TokenCounter
+from proxy.summarizer.model_client import ModelClient
+from proxy.summarizer.structured_output import FormatMemory, refuses, response_format
+from proxy.summarizer.summarizer import SummarizerError, SummaryTruncated, summarize
+from proxy.summarizer.summary import FIELD_NAMES, StructuredSummary, summary_text
+from proxy.summarizer.summary_schema import CHARS_PER_TOKEN, SCHEMA_NAME, summary_schema
+from proxy.summarizer.templates import Templates
+from proxy.upstream.upstream import Upstream, create_session
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream, completion
 from tests.fakes.summariser_requests import is_summarizer_request

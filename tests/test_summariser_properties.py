@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from proxy.app import RunningServer, start_server
 from proxy.config import settings_from_mapping
-from proxy.model_client import reply_bound
-from proxy.summary import FIELD_NAMES
+from proxy.summarizer.model_client import reply_bound
+from proxy.summarizer.summary import FIELD_NAMES
 from tests.fakes.hostile_summariser import ENDLESS_CAP, HostileSummariser, history
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
 from tests.fakes.serving import serve_app

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from proxy import budget
-from proxy.result_removal import REMOVED_TOOL_RESULT, removal_ladder
-from proxy.summarizer import (
+from proxy.core import budget
+from proxy.core.tokens import TokenCounter
+from proxy.summarizer.result_removal import REMOVED_TOOL_RESULT, removal_ladder
+from proxy.summarizer.summarizer import (
     MAX_SPLIT_DEPTH,
     ConversationPrefix,
     SummarizerError,
@@ -22,9 +23,8 @@ from proxy.summarizer import (
     SummaryTruncated,
     summarize,
 )
-from proxy.templates import Templates
-from proxy.tokens import TokenCounter
-from proxy.transcript import format_message_for_compacting, format_transcript
+from proxy.summarizer.templates import Templates
+from proxy.summarizer.transcript import format_message_for_compacting, format_transcript
 
 Message = dict[str, Any]
 MARKER = re.compile(r"FACT-[0-9a-z.]+")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.templates import Templates
+from proxy.summarizer.templates import Templates
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.summariser_requests import layout_of

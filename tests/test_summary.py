@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from proxy.fence import inline_code
-from proxy.summary import MAX_DECODES, FileNote, StructuredSummary, code_fence, summary_text
-from proxy.templates import Templates
+from proxy.summarizer.fence import inline_code
+from proxy.summarizer.summary import MAX_DECODES, FileNote, StructuredSummary, code_fence, summary_text
+from proxy.summarizer.templates import Templates
 
 
 @pytest.fixture

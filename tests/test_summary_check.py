@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proxy.summary_check import MIN_JUDGED_CHARS, problem
+from proxy.summarizer.summary_check import MIN_JUDGED_CHARS, problem
 from tests.fakes.hostile_summariser import filler
 
 STRUCTURED = "<analysis>3 facts</analysis>\n```json\n" + json.dumps({

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from proxy.summary_run import SummarizerError, SummaryRun
-from proxy.templates import Templates
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
+from proxy.summarizer.summary_run import SummarizerError, SummaryRun
+from proxy.summarizer.templates import Templates
 
 Message = dict[str, Any]
 

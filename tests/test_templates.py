@@ -10,8 +10,8 @@ import jinja2
 import pytest
 
 from proxy.config import ConfigError
-from proxy.templates import TEMPLATE_NAMES, Templates, builtin_prompts_dir, default_user_dir
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
+from proxy.summarizer.templates import TEMPLATE_NAMES, Templates, builtin_prompts_dir, default_user_dir
 
 REPO_PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proxy.tenants import namespace_for, tenant_namespace
+from proxy.core.tenants import namespace_for, tenant_namespace
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel

@@ -11,9 +11,9 @@ import pytest
 import tiktoken
 import tiktoken.load
 
-from proxy.encodings import TextEncoding
-from proxy.fingerprint import dumps_iteratively
-from proxy.tokens import IMAGE_HIGH_DETAIL_TOKENS, IMAGE_LOW_DETAIL_TOKENS, TokenCounter, message_key
+from proxy.core.encodings import TextEncoding
+from proxy.core.fingerprint import dumps_iteratively
+from proxy.core.tokens import IMAGE_HIGH_DETAIL_TOKENS, IMAGE_LOW_DETAIL_TOKENS, TokenCounter, message_key
 
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.transcript import compact_arguments, format_message_for_compacting, format_transcript
+from proxy.summarizer.transcript import compact_arguments, format_message_for_compacting, format_transcript
 
 
 def record(message: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.config import UpstreamConfig
-from proxy.upstream import ACCEPT_ENCODING, Upstream, request_headers, response_headers
+from proxy.upstream.upstream import ACCEPT_ENCODING, Upstream, request_headers, response_headers
 
 HOP_BY_HOP = [
     ("Connection", "keep-alive"),

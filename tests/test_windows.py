@@ -12,8 +12,8 @@ from aiohttp import web
 
 from proxy.app import RunningServer, start_server
 from proxy.config import Settings, settings_from_mapping
-from proxy.discovery import Discovered
-from proxy.windows import RETRY_SECONDS, ContextWindows, UpstreamRole
+from proxy.upstream.discovery import Discovered
+from proxy.upstream.windows import RETRY_SECONDS, ContextWindows, UpstreamRole
 from tests.conftest import deep_merge, serve_app
 from tests.fakes.model_servers import ModelServer, Style
 from tests.fakes.windowed import WindowedModel

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from proxy.streaming import SseDecoder, SseEvent
+from proxy.upstream.streaming import SseDecoder, SseEvent
 from tests.e2e_real.model_server import SEED
 from tests.fakes.serving import serve_app
 

@@ -7,7 +7,7 @@ import json
 import statistics
 from collections.abc import Sequence
 
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
 from tests.e2e_real.conversation import TurnResult
 from tests.e2e_real.recorder import Exchange, Recorder
 

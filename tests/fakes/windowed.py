@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
 from tests.fakes.openai_upstream import FakeUpstream, chunk, sse
 from tests.fakes.summariser_requests import is_summarizer_request, summarised_text
 

@@ -1,0 +1,388 @@
+"""Compaction as a service: plan, summarise once per prefix (single-flight, stored, backed off), splice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any
+
+from proxy.config import Settings
+from proxy.core import budget
+from proxy.core.backoff import Backoff, shrink
+from proxy.core.budget import Limits
+from proxy.core.calibration import Calibration
+from proxy.core.elision import elide_text
+from proxy.core.messages import Message, is_instruction, is_tool_result, is_user, role, valid_text
+from proxy.core.plan import Plan, apply_replacement, plan_compaction, replacement
+from proxy.core.tokens import TokenCounter
+from proxy.metrics import Metrics
+from proxy.offload import LARGE_REPLY, off_loop_above, off_loop_if_large
+from proxy.request_context import current_request_id
+from proxy.store.flights import Flights, LocalFlights, RemoteFailure
+from proxy.store.store import CompactedPrefix, SummaryStore
+from proxy.summarizer.evidence import Evidence, complete, gather, text_size
+from proxy.summarizer.summarizer import ChatModel, ConversationPrefix, SummarizerError, Summary, summarize
+from proxy.summarizer.summary import rendered_text
+from proxy.summarizer.templates import Templates
+
+log = logging.getLogger("proxy.compaction")
+
+# (summariser model name, client headers, output token limit, the part of it that must fit whole) -> a model to call
+ModelFactory = Callable[[str, Mapping[str, str], int, int], ChatModel]
+# The smallest summary ask a backed-off retry may shrink to.
+MIN_RETRY_SUMMARY_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A client's history as sent, and the stored summary (if any) that stands in for its first messages."""
+
+    original: Sequence[Message]
+    chain: Sequence[str]
+    namespace: str
+    record: CompactedPrefix | None = None
+
+    @cached_property
+    def messages(self) -> list[Message]:
+        """The history as forwarded: read-only, computed once."""
+        if self.record is None:
+            return list(self.original)
+        return [*self.record.replacement, *self.original[self.record.prefix_len:]]
+
+    @cached_property
+    def synthetic(self) -> frozenset[int]:
+        """Positions in `messages` of what the proxy wrote: the summary (the replacement's first user message)
+        and its assistant fillers. They are summarised again later, never kept as the user's words."""
+        if self.record is None:
+            return frozenset()
+        stored = self.record.replacement
+        summary_at = next((i for i, message in enumerate(stored) if is_user(message)), None)
+        return frozenset(i for i, message in enumerate(stored)
+                         if i == summary_at or role(message) == "assistant")
+
+    @property
+    def replaced(self) -> int:
+        """How many of `messages` are the stored replacement."""
+        return len(self.record.replacement) if self.record else 0
+
+    def original_index(self, index: int) -> int:
+        """Where a position in `messages` falls in `original`."""
+        return index - self.replaced + (self.record.prefix_len if self.record else 0)
+
+    @property
+    def backoff_key(self) -> str:
+        """One conversation, as far as failures go: its tenant and its first message after the instructions."""
+        first = next((i for i, message in enumerate(self.original) if not is_instruction(message)), 0)
+        return f"{self.namespace}:{self.chain[min(first, len(self.chain) - 1)]}" if self.chain else self.namespace
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one request for a compaction came to: a record, or why there is none."""
+
+    record: CompactedPrefix | None
+    reason: str  # "compacted" | "nothing_to_summarize" | "not_smaller" | "backoff" | "failed"
+
+
+@dataclass(frozen=True)
+class Flight:
+    task: asyncio.Task[CompactedPrefix]
+    prefix_len: int
+
+
+class Compactor:
+    def __init__(self, settings: Settings, store: SummaryStore, counter: TokenCounter, templates: Templates,
+                 metrics: Metrics, model_factory: ModelFactory, calibration: Calibration | None = None,
+                 flights: Flights | None = None) -> None:
+        self._settings = settings
+        self._calibration = calibration or Calibration()
+        self._store = store
+        self._counter = counter
+        self._templates = templates
+        self._metrics = metrics
+        self._model_factory = model_factory
+        self._flights = flights or LocalFlights(store, metrics.store_errors_counter())
+        self._backoff = Backoff()
+        self._fillers = (
+            {"role": "assistant", "content": templates.continuation_note()},
+            {"role": "assistant", "content": templates.acknowledgement()},
+        )
+        self._summary_note = templates.summary_note()
+
+    def filler_tokens(self, messages: Sequence[Message]) -> int:
+        """What the proxy's own words add to a compaction of `messages`: the fillers, and the summary's closing
+        note where the history has tool output for the summary to quote."""
+        note = self._counter.count_text(self._note_for(messages))
+        return note + sum(self._counter.count_message(filler) for filler in self._fillers)
+
+    def _note_for(self, messages: Sequence[Message]) -> str:
+        """The summary's closing note, when `messages` hold tool results (the summary sent as the user's message
+        may quote them); nothing for a conversation without tools."""
+        return f"\n\n{self._summary_note}" if any(is_tool_result(message) for message in messages) else ""
+
+    def elision_marker(self, tokens: int) -> str:
+        return self._templates.elision_marker(tokens)
+
+    async def reuse(self, original: Sequence[Message], chain: Sequence[str], namespace: str) -> Conversation:
+        """The conversation with the longest stored summary spliced in, when one matches its prefix."""
+        plain = Conversation(original, chain, namespace)
+        # A summary of this conversation may be on its way (built in the background after the last turn):
+        # waiting for it beats building another one for a slightly longer prefix.
+        await self._flights.wait_for_any(namespace, chain)
+        try:
+            record = await self._store.longest_match(namespace, chain)
+        except Exception:  # a broken store must not break serving
+            log.warning("summary store lookup failed; serving without reuse", exc_info=True)
+            self._metrics.store_errors.labels("lookup").inc()
+            return plain
+        if record is None or apply_replacement(original, record.replacement, record.prefix_len) is None:
+            self._metrics.reuse_lookups.labels("miss").inc()
+            return plain
+        self._metrics.reuse_lookups.labels("hit").inc()
+        return Conversation(original, chain, namespace, record)
+
+    def plan(self, conversation: Conversation, limits: Limits, *, model: str,
+             answer_tokens: int | None = None, overhead: int = 0) -> Plan | None:
+        """The plan for this conversation's next summary; None when no cut lies past the stored one.
+
+        Counts are scaled to the upstream's own tokenizer (the calibration), as the window is.
+        """
+        ratio = self._calibration.ratio(model)
+
+        def count(message: Message) -> int:
+            return math.ceil(self._counter.count_message(message) * ratio)
+
+        plan = plan_compaction(conversation.messages, count, limits, answer_tokens=answer_tokens,
+                               synthetic=conversation.synthetic,
+                               overhead=overhead + self.filler_tokens(conversation.messages))
+        if plan is None or plan.prefix_len <= conversation.replaced:
+            return None
+        return plan
+
+    async def compact(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
+                      headers: Mapping[str, str], overhead: int = 0, force: bool = False,
+                      tools: Any = None) -> Outcome:
+        """Summarise what the plan gives up, once per prefix; `force` summarises even where it saves nothing."""
+        begun = self.begin(conversation, limits, model=model, trigger=trigger, headers=headers, overhead=overhead,
+                           force=force, tools=tools)
+        if isinstance(begun, str):
+            return Outcome(None, begun)
+        try:
+            return Outcome(await asyncio.shield(begun.task), "compacted")
+        except (SummarizerError, RemoteFailure) as error:
+            log.warning("compaction failed (%s): %s", trigger, error)
+            return Outcome(None, "failed")
+        except Exception:  # whatever broke (a store, a bug): the request goes on as it came
+            log.error("compaction failed (%s) unexpectedly; forwarding the request without a summary", trigger,
+                      exc_info=True)
+            return Outcome(None, "failed")
+
+    def begin(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
+              headers: Mapping[str, str], answer_tokens: int | None = None, overhead: int = 0,
+              force: bool = False, tools: Any = None) -> Flight | str:
+        """Plan and claim the summary now (no await), so a request arriving next finds it in flight.
+
+        `tools` are the request's own, for a prefix-layout summariser request. Returns the flight, or the reason
+        there is none.
+        """
+        plan = self.plan(conversation, limits, model=model, answer_tokens=answer_tokens, overhead=overhead)
+        if plan is None:
+            return "nothing_to_summarize"
+        if not force and not plan.worthwhile(self.filler_tokens(conversation.messages)):
+            return "not_smaller"
+        prefix_len = conversation.original_index(plan.prefix_len)
+        prefix_hash = conversation.chain[prefix_len - 1]
+        if (running := self._flights.running(conversation.namespace, prefix_hash)) is not None:
+            return Flight(running, prefix_len)
+        decision = self._backoff.decide(conversation.backoff_key)
+        if not decision.allowed:
+            log.info(json.dumps({"event": "compaction_skipped", "request_id": current_request_id(),
+                                 "reason": "backoff", "trigger": trigger,
+                                 "failures": decision.level, "skips_left": decision.skipped_left}))
+            return "backoff"
+        job = _Job(plan, prefix_hash, prefix_len, conversation.namespace, conversation.backoff_key, limits,
+                   model=self._settings.compaction.summarizer.model or model, trigger=trigger, headers=headers,
+                   summary_tokens=shrink(plan.summary_tokens, decision.level, MIN_RETRY_SUMMARY_TOKENS),
+                   level=decision.level, prefix=self._prefix(conversation, plan, model, tools),
+                   ratio=self._calibration.ratio(model),
+                   source=tuple(conversation.original[:prefix_len]))
+        # The flight looks for a stored record first, and stores what _summarise returns (fenced, across replicas).
+        return Flight(self._flights.start(conversation.namespace, prefix_hash, lambda: self._summarise(job)),
+                      prefix_len)
+
+    def _prefix(self, conversation: Conversation, plan: Plan, model: str, tools: Any) -> ConversationPrefix | None:
+        """What a prefix-layout request is made of, when the layout calls for one."""
+        config = self._settings.compaction.summarizer
+        own_model = config.upstream is None and config.model in (None, model)
+        if config.layout == "transcript" or (config.layout == "auto" and not own_model):
+            return None
+        acknowledgement = str(self._fillers[1]["content"])
+        return ConversationPrefix(tuple(conversation.messages[:plan.prefix_len]), tools, acknowledgement)
+
+    async def _summarise(self, job: _Job) -> CompactedPrefix:
+        started = time.monotonic()
+        try:
+            summary, messages, tokens_after = await self._fitting_summary(job)
+        except Exception as error:  # a bug backs off too, rather than failing the same way on every turn
+            self._backoff.failed(job.backoff_key)
+            self._account_failure(job, error, time.monotonic() - started)
+            raise
+        self._backoff.succeeded(job.backoff_key)
+        record = CompactedPrefix(job.prefix_hash, job.prefix_len, tuple(messages),
+                                 job.plan.tokens_before - job.plan.tail_tokens, tokens_after, job.model, time.time())
+        self._account(job, summary, record, seconds=time.monotonic() - started)
+        return record
+
+    async def _fitting_summary(self, job: _Job) -> tuple[Summary, list[Message], int]:
+        """The summary, the replacement it makes and that replacement's tokens; SummarizerError when none fits."""
+        config = self._settings.compaction.summarizer
+        whole = budget.whole_summary_tokens(job.limits, job.summary_tokens)
+        summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens, whole),
+                                  list(job.plan.to_summarise), self._templates, counter=self._counter,
+                                  max_calls=config.max_calls, deadline=config.timeout, prefix=job.prefix)
+        evidence = await off_loop_if_large(text_size(job.source), gather, job.source,
+                                           (*job.plan.head, *job.plan.kept_users)) if config.evidence else None
+        # Fitting counts the summary's tokens a few times over: a long reply (bounded, but up to ~32 bytes a token
+        # asked) is fitted in a thread, so no summariser can hold the event loop with it.
+        return await off_loop_above(LARGE_REPLY, len(summary.text), self._fitted, job, summary, evidence)
+
+    def _fitted(self, job: _Job, summary: Summary, evidence: Evidence | None) -> tuple[Summary, list[Message], int]:
+        messages, tokens_after = self._replacement(job, summary)
+        if evidence is not None and (completed := self._with_evidence(job, summary, evidence,
+                                                                      tokens_after)) is not summary:
+            summary = completed
+            messages, tokens_after = self._replacement(job, summary)
+        if job.room_beside_tail(tokens_after) < 0 and self._counter.count_text(summary.text) > job.own_ask:
+            # Longer than asked (parts kept side by side, say) and, beside the recent turns, past the window: its
+            # middle goes, so the conversation goes on rather than failing every turn from here; both ends, the
+            # oldest facts and the latest, stay. (The plan sized the ask to fit beside the recent turns.)
+            shortened = elide_text(summary.text, job.own_ask, self._counter.count_text,
+                                   self._templates.elision_marker)
+            summary = replace(summary, message={**summary.message, "content": shortened}, text=shortened,
+                              structured=None, strategy=f"{summary.strategy}_elided")
+            messages, tokens_after = self._replacement(job, summary)
+        if not budget.fits_window(job.limits, job.upstream_tokens(tokens_after)):
+            # What stays besides the summary leaves no room: stored, it would be spliced into every later turn
+            # and summarised again; it is refused. (The tail is not counted: an oversized tool result in it is
+            # elided after this.)
+            too_long = SummarizerError(f"the summary and what stays before it take {tokens_after} tokens: no room "
+                                       f"left in the window of {job.limits.window}")
+            too_long.usage, too_long.calls = summary.usage, summary.calls
+            raise too_long
+        return summary, messages, tokens_after
+
+    def _with_evidence(self, job: _Job, summary: Summary, evidence: Evidence, tokens_as_written: int) -> Summary:
+        """The summary with the user's words, errors, commands and files it left out, read from the client's own
+        messages (not the spliced history: a value an earlier summary dropped comes back)."""
+        count = self._counter.count_text
+        # What the plan allots the summary, less what the model wrote, or at least a third of it whatever the
+        # model wrote; for exact values also what the target leaves unused (the tail takes whole turns); and
+        # never more than the window leaves beside the summary as written and the recent turns (evidence must
+        # not be what pushes the retried request past the window). Context entries (files read, commands run)
+        # get no share of the unused room: the next summary's input would pay for them.
+        spare = job.own_tokens(job.room_beside_tail(tokens_as_written))
+        room = min(max(job.own_ask - count(summary.text), job.own_ask // 3), spare)
+        unused = min(job.own_tokens(job.plan.room_at_goal(job.upstream_tokens(tokens_as_written))), spare)
+        structured, added = complete(summary.structured, summary.text, evidence, room, count,
+                                     exact_room=unused - room)
+        if not added:
+            return summary
+        if (rendered := rendered_text(structured, self._templates)) is None:
+            return summary
+        # A reply that did not parse stays verbatim, the evidence after it.
+        text = rendered if summary.structured is not None else f"{summary.text}\n\n{rendered}"
+        return replace(summary, message={**summary.message, "content": text}, text=text, evidence=added,
+                       structured=structured if summary.structured is not None else None)
+
+    def _replacement(self, job: _Job, summary: Summary) -> tuple[list[Message], int]:
+        continuation, acknowledgement = self._fillers
+        # The reply is valid text already; the evidence quotes the client's own messages, which may not be. The
+        # message goes with the user's role: its closing note says the tool output quoted in it is data.
+        message = {**summary.message, "content": valid_text(summary.text) + self._note_for(job.plan.to_summarise)}
+        messages = replacement(job.plan, message, continuation, acknowledgement)
+        return messages, sum(self._counter.count_message(m) for m in messages)
+
+    def _count_calls(self, calls: int, usage: Mapping[str, int], result: str) -> None:
+        metrics = self._metrics
+        metrics.summarizer_calls.labels(result).inc(calls)
+        for kind in ("prompt_tokens", "completion_tokens"):
+            metrics.summarizer_tokens.labels(kind.removesuffix("_tokens")).inc(int(usage.get(kind, 0)))
+
+    def _account(self, job: _Job, summary: Summary, record: CompactedPrefix, *, seconds: float) -> None:
+        self._metrics.compactions.labels(job.trigger).inc()
+        self._metrics.compaction_seconds.observe(seconds)
+        self._metrics.compaction_tokens.labels("before").observe(record.tokens_before)
+        self._metrics.compaction_tokens.labels("after").observe(record.tokens_after)
+        self._count_calls(summary.calls, summary.usage, "ok")
+        log.info(json.dumps({**job.log_fields(), "event": "compaction", "messages_before": record.prefix_len,
+                             "messages_after": len(record.replacement), "tokens_before": record.tokens_before,
+                             "tokens_after": record.tokens_after, "summarizer_calls": summary.calls,
+                             "summarizer_strategy": summary.strategy, "evidence_added": summary.evidence,
+                             "summarizer_prompt_tokens": summary.usage.get("prompt_tokens", 0),
+                             "summarizer_completion_tokens": summary.usage.get("completion_tokens", 0),
+                             "structured": summary.structured is not None, "duration_ms": round(seconds * 1000, 1)}))
+
+    def _account_failure(self, job: _Job, error: Exception, seconds: float) -> None:
+        calls, usage = (error.calls, error.usage) if isinstance(error, SummarizerError) else (0, {})
+        self._metrics.compaction_failures.labels(job.trigger, type(error).__name__).inc()
+        self._metrics.compaction_seconds.observe(seconds)
+        self._count_calls(max(calls, 1), usage, "error")
+        log.warning(json.dumps({**job.log_fields(), "event": "compaction_failed", "error": type(error).__name__,
+                                "summarizer_calls": calls,
+                                "summarizer_prompt_tokens": usage.get("prompt_tokens", 0),
+                                "summarizer_completion_tokens": usage.get("completion_tokens", 0),
+                                "duration_ms": round(seconds * 1000, 1)}))
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One summary to build, with the numbers it was planned with (they go into its log line)."""
+
+    plan: Plan
+    prefix_hash: str
+    prefix_len: int
+    namespace: str
+    backoff_key: str
+    limits: Limits
+    model: str
+    trigger: str
+    headers: Mapping[str, str]
+    summary_tokens: int
+    level: int
+    prefix: ConversationPrefix | None = None
+    source: tuple[Message, ...] = ()  # the client's messages the summary stands in for
+    ratio: float = 1.0  # the upstream's tokens per token of ours (the calibration), as the plan was counted with
+
+    def upstream_tokens(self, tokens: int) -> int:
+        """`tokens` of our own count in the upstream's, the unit of the window and of the plan."""
+        return math.ceil(tokens * self.ratio)
+
+    def own_tokens(self, upstream_tokens: int) -> int:
+        return math.floor(upstream_tokens / self.ratio)
+
+    @property
+    def own_ask(self) -> int:
+        """The summary's ask in our own count, the unit of the summary's text (the plan's is the upstream's)."""
+        return self.own_tokens(self.summary_tokens)
+
+    def room_beside_tail(self, replacement_tokens: int) -> int:
+        """The window's room (the upstream's tokens) once a replacement of `replacement_tokens` (our count) and the
+        recent turns are in, with the reserved output and the margin; below 0 the retry would overflow."""
+        return budget.window_room(self.limits, self.upstream_tokens(replacement_tokens) + self.plan.tail_tokens)
+
+    def log_fields(self) -> dict[str, Any]:
+        limits = self.limits
+        return {"request_id": current_request_id(), "trigger": self.trigger, "summarizer_model": self.model,
+                "window": limits.window,
+                "threshold": limits.threshold, "target": limits.target, "reserved_output": limits.reserve,
+                "trigger_tokens": limits.trigger_tokens, "target_tokens": limits.target_tokens,
+                "summarized_messages": len(self.plan.to_summarise), "summary_tokens_requested": self.summary_tokens,
+                "backoff_level": self.level, "window_margin": budget.window_margin(limits.window),
+                "attainable": self.plan.allotment.attainable,
+                **self.plan.as_log()}

@@ -1,0 +1,339 @@
+"""One chat completion's journey: reuse, proactive compaction, forward, detect overflow, compact, retry once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from proxy.compaction.compactor import Compactor, Conversation, Flight
+from proxy.config import Settings
+from proxy.core import budget
+from proxy.core.budget import Limits
+from proxy.core.calibration import Calibration
+from proxy.core.elision import elide_oversized
+from proxy.core.history_index import History, HistoryIndex
+from proxy.core.messages import Message
+from proxy.core.plan import last_input_tokens
+from proxy.core.tenants import namespace_for
+from proxy.core.tokens import TokenCounter
+from proxy.dialects.chat_request import ChatCall, encode_json
+from proxy.errors import ProxyError
+from proxy.headers import (
+    COMPACTION,
+    ELIDED,
+    REASON,
+    SHADOW,
+    SHADOW_TOKENS_AFTER,
+    SHADOW_TOKENS_BEFORE,
+    TOKENS_AFTER,
+    TOKENS_BEFORE,
+)
+from proxy.metrics import Metrics
+from proxy.request_context import annotate, current_request_id
+from proxy.upstream.answer import Answer, chat_answer
+from proxy.upstream.attempt import Attempt, send
+from proxy.upstream.overflow import context_limit_from_error
+from proxy.upstream.upstream import Upstream
+from proxy.upstream.windows import ContextWindows
+
+log = logging.getLogger("proxy.pipeline")
+
+# Request fields through which a provider manages the context itself; such requests are left alone.
+SELF_MANAGED_FIELDS = ("context_management", "truncation", "transforms")
+
+
+@dataclass
+class Journey:
+    """The state of one request as it moves through the pipeline."""
+
+    call: ChatCall
+    conversation: Conversation
+    limits: Limits
+    history: History  # the client's messages as the index read them: chain and token counts
+    overhead: int  # raw tokens of the request besides its messages (tools, the reply primer)
+    trigger: str = "none"
+    failed: bool = False
+    reason: str | None = None  # why a compaction that was wanted did not happen
+    tokens_before: int = 0
+    elided: int = 0
+    forwarded: list[Message] = field(default_factory=list)
+    counted: tuple[list[Message], list[int]] | None = None  # token counts of the last messages counted
+
+
+class ChatPipeline:
+    def __init__(self, settings: Settings, upstream: Upstream, compactor: Compactor, counter: TokenCounter,
+                 calibration: Calibration, windows: ContextWindows, metrics: Metrics,
+                 history: HistoryIndex | None = None) -> None:
+        self._settings = settings
+        self._upstream = upstream
+        self._compactor = compactor
+        self._counter = counter
+        self._calibration = calibration
+        self._windows = windows
+        self._metrics = metrics
+        self._history = history or HistoryIndex(counter)
+        self._background: set[asyncio.Task[Any]] = set()
+
+    @asynccontextmanager
+    async def answer(self, call: ChatCall) -> AsyncIterator[Answer]:
+        """The answer to send; a live upstream stream stays open until the caller leaves the block."""
+        async with AsyncExitStack() as stack:
+            if not self._compactable(call):
+                attempt = await send(self._upstream, stack, query=call.query, headers=call.headers, body=call.body)
+                yield self._finish(call, attempt, {COMPACTION: "none"}, hide_usage=False)
+                return
+            if self._mode(call) == "shadow":
+                yield await self._shadow(call, stack)
+                return
+            yield await self._journey(call, stack)
+
+    def _mode(self, call: ChatCall) -> str:
+        return call.mode or self._settings.compaction.mode
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _compactable(self, call: ChatCall) -> bool:
+        settings = self._settings
+        return (settings.compaction.enabled and self._mode(call) != "off" and call.messages is not None
+                and not settings.model_for(call.model).manages_own_context
+                and not any(name in call.payload for name in SELF_MANAGED_FIELDS))
+
+    def _limits(self, call: ChatCall) -> Limits:
+        config = self._settings.compaction
+        return Limits(window=self._windows.window(call.model), threshold=config.threshold if config.proactive else 0,
+                      target=config.target, reserve=call.reserved_output(config.reserved_output_tokens),
+                      tail_share=config.tail_budget, instruction_share=config.instruction_budget,
+                      max_summary_tokens=config.summarizer.max_output_tokens)
+
+    async def _journey(self, call: ChatCall, stack: AsyncExitStack) -> Answer:
+        assert call.messages is not None
+        started = time.perf_counter()
+        namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
+        history = await self._history.read_off_loop(call.messages, namespace)
+        conversation = await self._compactor.reuse(call.messages, history.chain, namespace)
+        # Windows the upstream states are looked up before planning (once per upstream, then cached), so the
+        # summariser client built later, background ones included, knows its window without waiting.
+        await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
+                                    headers=call.headers)
+        journey = Journey(call, conversation, self._limits(call), history, self._raw_overhead(call),
+                          trigger="reused" if conversation.record else "none")
+        summarising = 0.0
+        if self._mode(call) == "force" or budget.over_threshold(journey.limits, self._estimate(journey)):
+            compacting = time.perf_counter()
+            await self._compact(journey, "proactive")
+            summarising = time.perf_counter() - compacting
+        # The proxy's own time before forwarding (fingerprint, reuse lookup, planning), a summary's excluded.
+        self._metrics.overhead_seconds.observe(time.perf_counter() - started - summarising)
+        attempt = await self._send(journey, stack)
+        if attempt.overflow:
+            self._metrics.overflow_errors.labels("first").inc()
+        if attempt.overflow or (attempt.empty_stream and budget.near_window(journey.limits, self._estimate(journey))):
+            attempt = await self._react(journey, attempt, stack)
+        return self._finish(call, attempt, self._headers(journey), hide_usage=self._inject_usage(call),
+                            journey=journey)
+
+    async def _shadow(self, call: ChatCall, stack: AsyncExitStack) -> Answer:
+        """Decide as the real journey would, report it, and forward the request exactly as the client sent it."""
+        namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
+        history = await self._history.read_off_loop(call.messages or [], namespace)
+        conversation = await self._compactor.reuse(call.messages or [], history.chain, namespace)
+        await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
+                                    headers=call.headers)
+        journey = Journey(call, conversation, self._limits(call), history, self._raw_overhead(call))
+        before = self._estimate(journey)
+        decision = "reused" if conversation.record else "none"
+        if budget.over_threshold(journey.limits, before):
+            decision = "proactive"
+        attempt = await send(self._upstream, stack, query=call.query, headers=call.headers, body=call.body)
+        if attempt.overflow:
+            self._metrics.overflow_errors.labels("first").inc()
+            decision = "reactive"
+            journey.limits = replace(journey.limits, window=min(journey.limits.window, before + journey.limits.reserve))
+        headers = {COMPACTION: "none", SHADOW: decision}
+        plan = self._compactor.plan(conversation, journey.limits, model=call.model, overhead=self._overhead(journey)) \
+            if decision in ("proactive", "reactive") else None
+        fillers = self._compactor.filler_tokens(conversation.messages)
+        if plan is not None and plan.worthwhile(fillers):
+            saved = plan.span_tokens - plan.kept_system_tokens - plan.kept_user_tokens - plan.summary_tokens - fillers
+            headers[SHADOW_TOKENS_BEFORE] = str(before)
+            headers[SHADOW_TOKENS_AFTER] = str(before - saved)
+            self._metrics.shadow_saved_tokens.inc(saved)
+        self._metrics.shadow_decisions.labels(decision).inc()
+        log.info(json.dumps({"event": "compaction_shadow", "request_id": current_request_id(), "decision": decision,
+                             "tokens_before": before, **(plan.as_log() if plan is not None else {})}))
+        return self._finish(call, attempt, headers, hide_usage=False)
+
+    async def _react(self, journey: Journey, first: Attempt, stack: AsyncExitStack) -> Attempt:
+        """Compact and retry exactly once; the first answer stands if that does not produce a better one."""
+        if first.body is not None and self._windows.learn(journey.call.model, context_limit_from_error(first.body)):
+            journey.limits = self._limits(journey.call)
+        if journey.failed:
+            return first
+        before = self._estimate(journey)
+        # The upstream just refused this prompt: whatever window is known, the real one is smaller than the
+        # request, so plan within that.
+        journey.limits = replace(journey.limits, window=min(journey.limits.window, before + journey.limits.reserve))
+        if not await self._compact(journey, "reactive") and self._estimate(journey) >= before:
+            journey.failed = True  # nothing could make the request smaller: the upstream's answer stands
+            return first
+        try:
+            retry = await self._send(journey, stack)
+        except ProxyError as error:
+            log.warning("retry after compaction failed: %s", error.message)
+            retry = None
+        if retry is not None and retry.overflow:
+            self._metrics.overflow_errors.labels("retry").inc()
+        if retry is None or retry.overflow or retry.empty_stream:
+            journey.failed = True
+            return first
+        journey.failed = False
+        return retry
+
+    async def _compact(self, journey: Journey, trigger: str) -> bool:
+        """Summarise, then elide what still does not fit (a huge tool result); True when a summary was applied.
+
+        A summary that failed or is backed off marks the journey failed: it is not tried again for this request.
+        """
+        if not journey.tokens_before:
+            journey.tokens_before = self._original_estimate(journey)
+        outcome = await self._compactor.compact(journey.conversation, journey.limits, model=journey.call.model,
+                                                trigger=trigger, headers=journey.call.headers,
+                                                overhead=self._overhead(journey),
+                                                force=self._mode(journey.call) == "force",
+                                                tools=journey.call.payload.get("tools"))
+        if outcome.record is not None:
+            journey.conversation = Conversation(journey.conversation.original, journey.conversation.chain,
+                                                journey.conversation.namespace, outcome.record)
+        else:
+            journey.reason = outcome.reason
+            journey.failed = journey.failed or outcome.reason in ("failed", "backoff")
+        self._elide(journey)
+        if outcome.record is not None or journey.elided:
+            journey.trigger = trigger
+        return outcome.record is not None
+
+    def _elide(self, journey: Journey) -> None:
+        """Shrink what still does not fit (a huge tool result in the tail); the client's copy stays whole."""
+        messages = journey.conversation.messages
+        elided = elide_oversized(messages, journey.conversation.replaced, self._counter.count_message,
+                                 self._counter.count_text, journey.limits, self._compactor.elision_marker)
+        journey.forwarded = elided.messages
+        journey.elided = elided.count
+
+    def _messages(self, journey: Journey) -> list[Message]:
+        return journey.forwarded if journey.elided else journey.conversation.messages
+
+    def _estimate(self, journey: Journey) -> int:
+        return self._calibration.adjust(journey.call.model, self._raw_estimate(journey))
+
+    def _raw_estimate(self, journey: Journey) -> int:
+        return sum(self._message_tokens(journey)) + journey.overhead
+
+    def _message_tokens(self, journey: Journey) -> list[int]:
+        """Token counts of the messages as they will be forwarded, counted once per shape of the journey."""
+        messages = self._messages(journey)
+        if journey.counted is not None and journey.counted[0] is messages:
+            return journey.counted[1]
+        conversation, read = journey.conversation, journey.history.tokens
+        if journey.elided:
+            tokens = self._counter.count_each(messages)
+        elif conversation.record is None:
+            tokens = read
+        else:  # the replacement, then the client's own messages after the stored prefix, already counted
+            tokens = [*self._counter.count_each(conversation.record.replacement),
+                      *read[conversation.record.prefix_len:]]
+        journey.counted = (messages, tokens)
+        return tokens
+
+    def _raw_overhead(self, call: ChatCall) -> int:
+        return self._counter.count_request({**call.payload, "messages": []})
+
+    def _overhead(self, journey: Journey) -> int:
+        """What the request costs besides its messages: tool definitions and the reply primer."""
+        return self._calibration.adjust(journey.call.model, journey.overhead)
+
+    def _inject_usage(self, call: ChatCall) -> bool:
+        options = call.payload.get("stream_options")
+        asked = isinstance(options, dict) and options.get("include_usage") is True
+        return call.stream and self._settings.compaction.background and not asked
+
+    async def _send(self, journey: Journey, stack: AsyncExitStack) -> Attempt:
+        call = journey.call
+        body = call.body
+        inject_usage = self._inject_usage(call)
+        if journey.conversation.record is not None or journey.elided or inject_usage:
+            payload = {**call.payload, "messages": self._messages(journey)}
+            if inject_usage:
+                options = call.payload.get("stream_options")
+                payload["stream_options"] = {**(options if isinstance(options, dict) else {}),
+                                             "include_usage": True}
+            body = encode_json(payload)
+        return await send(self._upstream, stack, query=call.query, headers=call.headers, body=body)
+
+    def _headers(self, journey: Journey) -> dict[str, str]:
+        headers = {COMPACTION: "failed" if journey.failed else journey.trigger}
+        if journey.conversation.record is not None or journey.elided:
+            headers[TOKENS_BEFORE] = str(journey.tokens_before or self._original_estimate(journey))
+            headers[TOKENS_AFTER] = str(self._estimate(journey))
+        if journey.elided:
+            headers[ELIDED] = str(journey.elided)
+        if journey.reason is not None:
+            headers[REASON] = journey.reason
+        return headers
+
+    def _original_estimate(self, journey: Journey) -> int:
+        return self._calibration.adjust(journey.call.model, sum(journey.history.tokens) + journey.overhead)
+
+    def _finish(self, call: ChatCall, attempt: Attempt, headers: dict[str, str], *, hide_usage: bool,
+                journey: Journey | None = None) -> Answer:
+        self._metrics.chat_requests.labels(headers[COMPACTION]).inc()
+        annotate(model=call.model, upstream_status=attempt.status)
+        learn = journey is not None and attempt.ok
+
+        def on_done(usage: dict[str, Any] | None) -> None:
+            assert journey is not None
+            self._learn(journey, usage)
+
+        return chat_answer(self._upstream, attempt, headers, hide_usage=hide_usage, on_done=on_done if learn else None)
+
+    def _learn(self, journey: Journey, usage: dict[str, Any] | None) -> None:
+        """After a good answer: calibrate the estimate, and start the next summary early if usage is high."""
+        prompt_tokens = (usage or {}).get("prompt_tokens")
+        if not isinstance(prompt_tokens, int) or prompt_tokens <= 0:
+            return
+        self._calibration.observe(journey.call.model, self._raw_estimate(journey), prompt_tokens)
+        completion = (usage or {}).get("completion_tokens")
+        answer = completion if isinstance(completion, int) and completion >= 0 else 0
+        next_input = last_input_tokens(self._messages(journey), self._message_tokens(journey))
+        # The next turn resends this prompt and answer plus one more input: if that will pass the threshold,
+        # build its summary now so the next request finds it ready.
+        if self._settings.compaction.background and budget.over_threshold(
+                journey.limits, prompt_tokens + budget.next_turn_growth(next_input, answer)):
+            self._start_background(journey, answer)
+
+    def _start_background(self, journey: Journey, answer_tokens: int) -> None:
+        try:
+            begun = self._compactor.begin(journey.conversation, journey.limits, model=journey.call.model,
+                                          trigger="background", headers=journey.call.headers,
+                                          answer_tokens=answer_tokens, overhead=self._overhead(journey),
+                                          tools=journey.call.payload.get("tools"))
+        except Exception:
+            log.warning("could not plan a background summary", exc_info=True)
+            return
+        if isinstance(begun, Flight):
+            self._background.add(begun.task)
+            begun.task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background summary failed: %s", task.exception())

@@ -1,0 +1,202 @@
+"""The runtime: everything built from one Settings, swapped whole when the config is reloaded."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from proxy.compaction.compactor import Compactor
+from proxy.compaction.pipeline import ChatPipeline
+from proxy.config import Settings
+from proxy.core.calibration import Calibration
+from proxy.core.fingerprint import HASH_ERRORS
+from proxy.core.history_index import HistoryIndex
+from proxy.core.tokens import TokenCounter
+from proxy.metrics import Metrics
+from proxy.store.flights import Build, Flights
+from proxy.store.store import CompactedPrefix, SummaryStore
+from proxy.summarizer.model_client import ModelClient
+from proxy.summarizer.templates import Templates
+from proxy.upstream.discovery import WindowSource
+from proxy.upstream.upstream import Upstream
+from proxy.upstream.windows import ContextWindows
+
+log = logging.getLogger("proxy.runtime")
+
+# The runtime the request being handled started with. A context variable, not request storage: aiohttp has
+# typed request keys only since 3.14, and handler code (and the tasks it starts) runs in the request's context.
+
+
+class TrackedFlights:
+    """The process's flights, remembering every summary task started through them, so shutdown can cancel the
+    background summaries of every runtime, retired ones included."""
+
+    def __init__(self, inner: Flights) -> None:
+        self._inner = inner
+        self._tasks: set[asyncio.Task[CompactedPrefix]] = set()
+
+    def running(self, namespace: str, prefix_hash: str) -> asyncio.Task[CompactedPrefix] | None:
+        return self._inner.running(namespace, prefix_hash)
+
+    def start(self, namespace: str, prefix_hash: str, build: Build) -> asyncio.Task[CompactedPrefix]:
+        task = self._inner.start(namespace, prefix_hash, build)
+        if task not in self._tasks:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def wait_for_any(self, namespace: str, chain: Sequence[str]) -> bool:
+        return await self._inner.wait_for_any(namespace, chain)
+
+    async def cancel_all(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What outlives a reload: the upstream session and pool, the store and its flights, the metrics, the token
+    counter, what calibration learned about each model's tokenizer, and the index of messages seen lately."""
+
+    session: aiohttp.ClientSession
+    store: SummaryStore
+    flights: TrackedFlights
+    metrics: Metrics
+    counter: TokenCounter
+    calibration: Calibration
+    history: HistoryIndex
+
+
+class Runtime:
+    """One Settings made into objects: upstream clients, windows, templates, compactor, pipeline, proxy keys.
+
+    Counts the requests that started on it, so a retired runtime is closed only once they have finished.
+    """
+
+    def __init__(self, settings: Settings, upstream: Upstream, windows: ContextWindows,
+                 pipeline: ChatPipeline) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.windows = windows
+        self.pipeline = pipeline
+        self.proxy_keys = tuple(key.get_secret_value().encode("utf-8", HASH_ERRORS)
+                                for key in settings.server.api_keys)
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def enter(self) -> None:
+        self._in_flight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+
+    async def drained(self) -> None:
+        """Return once no request that started on this runtime is still being answered."""
+        await self._idle.wait()
+
+    async def close(self) -> None:
+        await self.pipeline.close()
+        await self.windows.close()
+
+
+def load_templates(settings: Settings) -> Templates:
+    """The prompt templates, compiled (tens of milliseconds: a reload does it off the event loop); raises when
+    one does not load."""
+    templates = Templates(settings.compaction.prompts_dir)
+    templates.preload()
+    return templates
+
+
+def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> Runtime:
+    """The per-Settings objects over the long-lived ones."""
+    metrics, counter, calibration = shared.metrics, shared.counter, shared.calibration
+    count_error, timing = metrics.upstream_errors_counter(), metrics.upstream_latency()
+    upstream = Upstream(shared.session, settings.upstream, count_error, timing)
+    summarizer_config = settings.compaction.summarizer
+    summarizer_upstream = Upstream(shared.session, summarizer_config.upstream, count_error, timing) \
+        if summarizer_config.upstream \
+        else upstream
+    windows = ContextWindows(settings, {"chat": WindowSource.of(shared.session, upstream),
+                                        "summarizer": WindowSource.of(shared.session, summarizer_upstream)})
+
+    def summarizer_model(name: str, headers: Mapping[str, str], max_tokens: int, whole_tokens: int) -> ModelClient:
+        return ModelClient(
+            summarizer_upstream, name, headers, max_output_tokens=max_tokens, whole_output_tokens=whole_tokens,
+            context_window=windows.window(name, "summarizer"), timeout=summarizer_config.timeout,
+            output_field=summarizer_config.output_limit_field, temperature=summarizer_config.temperature,
+            structured_output=summarizer_config.structured_output,
+            estimate=lambda messages: calibration.adjust(name, counter.count_messages(messages)))
+
+    compactor = Compactor(settings, shared.store, counter, templates, metrics, summarizer_model, calibration,
+                          shared.flights)
+    pipeline = ChatPipeline(settings, upstream, compactor, counter, calibration, windows, metrics, shared.history)
+    return Runtime(settings, upstream, windows, pipeline)
+
+
+class RuntimeSlot:
+    """The runtime new requests get. A swap is one assignment on the event loop, so every request sees either
+    the old runtime or the new one whole; the old one is closed once its requests have finished."""
+
+    def __init__(self) -> None:
+        self._current: Runtime | None = None
+        self._shared: Shared | None = None
+        self._retiring: dict[asyncio.Task[None], Runtime] = {}
+
+    @property
+    def current(self) -> Runtime:
+        if self._current is None:
+            raise RuntimeError("the application has not started: no runtime yet")
+        return self._current
+
+    @property
+    def shared(self) -> Shared:
+        if self._shared is None:
+            raise RuntimeError("the application has not started: no shared resources yet")
+        return self._shared
+
+    def install(self, shared: Shared, first: Runtime) -> None:
+        self._shared, self._current = shared, first
+
+    def swap(self, new: Runtime) -> Runtime:
+        """Make `new` current; returns the runtime it replaced, which retires in the background."""
+        old = self.current
+        self._current = new
+        task = asyncio.create_task(self._retire(old), name="retire runtime")
+        self._retiring[task] = old
+        task.add_done_callback(lambda done: self._retiring.pop(done, None))
+        return old
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being answered, by the current runtime and by those retiring."""
+        return sum(runtime.in_flight for runtime in [*self._retiring.values(), self.current])
+
+    async def _retire(self, old: Runtime) -> None:
+        await old.drained()
+        # Only discovery is closed: the old pipeline's background summaries are shared flights that requests on
+        # the new runtime may be waiting for, so they run to their own deadline (or are cancelled at shutdown).
+        await old.windows.close()
+
+    async def close(self) -> None:
+        """At shutdown, after the server stopped answering: cancel every background summary, close runtimes."""
+        for task in list(self._retiring):
+            task.cancel()
+        retired = list(self._retiring.values())
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+        if self._shared is not None:
+            await self._shared.flights.cancel_all()
+        for runtime in [*retired, *([self._current] if self._current is not None else [])]:
+            await runtime.close()

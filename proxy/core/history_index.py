@@ -1,0 +1,126 @@
+"""What the proxy remembers of each message it has seen, so a history resent whole costs one pass at C speed.
+
+A stateless client resends its whole history on every turn: 400 messages and 100k tokens to add one. Digesting
+and tokenising all of it again each time made the proxy's cost grow with the conversation. Here every message is
+keyed by its canonical JSON (the bytes its fingerprint digests anyway, written by orjson), and the key finds its
+digest, its token count and the hash-chain link through it. A repeated prefix then costs a serialisation and
+a dict lookup per message; only new messages are digested and counted.
+
+The key is Python's hash of those bytes: SipHash under a per-process random key, so a client cannot aim a
+collision, and an accidental one (about 2**-64 per pair) gives a message another's digest, which makes the chain
+miss every stored summary rather than match a wrong one, because each link also depends on the whole prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.core.fingerprint import canonical_json, chain_link, chain_root, digest_of
+from proxy.core.tokens import TokenCounter
+from proxy.offload import LARGE
+
+DEFAULT_ENTRIES = 100_000  # messages remembered; about 0.4 KB each whatever the message's size
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """One request's messages as the index read them."""
+
+    chain: list[str]  # equal to proxy.fingerprint.hash_chain(messages, namespace)
+    tokens: list[int]  # equal to TokenCounter.count_message of each message
+    new: int  # distinct messages that were not in the index
+
+
+# One message: (digest, tokens, state before, state after, state after as hex) -- the last link of the chain
+# through it; one is enough, as a message shared by many prefixes (a system prompt under many tenants) pays one
+# hash per request. A plain tuple of bytes, ints and strings: the garbage collector stops tracking it, so a full
+# index adds nothing to a collection's pause (entries with fields of their own made it tens of milliseconds).
+_Entry = tuple[bytes, int, bytes, bytes, str]
+
+
+class HistoryIndex:
+    """Digests, token counts and chain links of the messages seen lately, least recently used dropped first.
+
+    Used from the event loop only: the work on new messages may run in a thread, their entries are added here.
+    """
+
+    def __init__(self, counter: TokenCounter, max_entries: int = DEFAULT_ENTRIES) -> None:
+        if max_entries < 0:
+            raise ValueError("max_entries must be >= 0")
+        self._counter = counter
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._max_entries = max_entries
+        self._roots: dict[str, bytes] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def read(self, messages: Sequence[Any], namespace: str) -> History:
+        """The history's chain and token counts, computing only what the index does not hold."""
+        keys, found, missing = self._look_up(messages)
+        return self._finish(namespace, keys, found, self._entries_for(messages, missing))
+
+    async def read_off_loop(self, messages: Sequence[Any], namespace: str) -> History:
+        """As read(), with the work on new messages in a thread when it is large enough to pay for the hand-off."""
+        keys, found, missing = self._look_up(messages)
+        if sum(len(canonical) for _, canonical in missing.values()) <= LARGE:
+            fresh = self._entries_for(messages, missing)
+        else:
+            fresh = await asyncio.to_thread(self._entries_for, messages, missing)
+        return self._finish(namespace, keys, found, fresh)
+
+    def _look_up(self, messages: Sequence[Any]) -> tuple[list[int], list[_Entry | None], dict[int, tuple[int, bytes]]]:
+        """Each message's key and entry (None when new), and the new ones: key -> (first position, canonical)."""
+        canonical = [canonical_json(message) for message in messages]
+        keys = [hash(text) for text in canonical]
+        get = self._entries.get
+        found = [get(key) for key in keys]
+        missing: dict[int, tuple[int, bytes]] = {}
+        for index, entry in enumerate(found):
+            if entry is None and keys[index] not in missing:
+                missing[keys[index]] = (index, canonical[index])
+        return keys, found, missing
+
+    def _entries_for(self, messages: Sequence[Any], missing: dict[int, tuple[int, bytes]]) -> dict[int, _Entry]:
+        # Thread-safe: reads nothing of the index; the counter guards its own cache.
+        return {key: (digest_of(canonical), self._counter.count_message(messages[index]),
+                      b"", b"", "")
+                for key, (index, canonical) in missing.items()}
+
+    def _finish(self, namespace: str, keys: list[int], found: list[_Entry | None],
+                fresh: dict[int, _Entry]) -> History:
+        entries = self._entries
+        for key, entry in fresh.items():
+            entries.setdefault(key, entry)  # another read may have added it while this one was in a thread
+        known = [entry if entry is not None else entries[key] for key, entry in zip(keys, found, strict=True)]
+        state = self._root(namespace)
+        chain: list[str] = []
+        append, used = chain.append, entries.move_to_end
+        for key, entry in zip(keys, known, strict=True):  # the hot loop of a long history: kept flat
+            digest, tokens, before, after, after_hex = entry
+            if before != state:
+                after = chain_link(state, digest)
+                after_hex = after.hex()
+                entry = entries[key] = (digest, tokens, state, after, after_hex)
+            try:
+                used(key)
+            except KeyError:  # dropped by a read that finished while this one was in a thread
+                entries[key] = entry
+            append(after_hex)
+            state = after
+        while len(entries) > self._max_entries:
+            entries.popitem(last=False)
+        return History(chain, [entry[1] for entry in known], len(fresh))
+
+    def _root(self, namespace: str) -> bytes:
+        root = self._roots.get(namespace)
+        if root is None:
+            if len(self._roots) >= self._max_entries:
+                self._roots.clear()
+            root = self._roots[namespace] = chain_root(namespace)
+        return root
+

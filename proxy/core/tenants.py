@@ -1,0 +1,31 @@
+"""Tenant namespaces: whose stored summaries are whose, as a one-way hash of credential, tenant and model."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+from proxy.core.credentials import presented_credentials
+from proxy.core.fingerprint import canonical_json
+
+
+def tenant_namespace(credential: str | None, tenant: str | None = None, model: str | None = None) -> str:
+    """A store namespace: a one-way hash of who asks (credential), for whom (tenant) and of which model.
+
+    The tenant only subdivides a credential's namespace: a header is client-controlled, so it can never reach
+    into the namespace of a client holding another credential.
+    """
+    fields = [credential or "", tenant or "", model or ""]
+    return hashlib.sha256(b"compaction-proxy/namespace/" + canonical_json(fields)).hexdigest()[:32]
+
+
+def namespace_for(headers: Mapping[str, str], tenant_header: str | None, model: str | None = None) -> str:
+    """The namespace of a request: its credentials together with the tenant header, and its model."""
+    tenant = _header(headers, tenant_header) if tenant_header else None
+    return tenant_namespace(presented_credentials(headers), tenant, model)
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    # Case-insensitive for any mapping, as HTTP header names are.
+    lowered = name.lower()
+    return next((value for key, value in headers.items() if key.lower() == lowered), None)

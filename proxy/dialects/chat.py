@@ -1,0 +1,82 @@
+"""Chat completions (`POST /v1/chat/completions`), the first dialect: its messages are the neutral conversation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.core.messages import Message
+from proxy.core.tokens import TokenCounter
+from proxy.core.usage import Usage, usage_from
+from proxy.dialects.chat_request import ChatCall, encode_json
+from proxy.upstream.overflow import overflow_in_answer
+from proxy.upstream.streaming import UsageTap, usage_of
+
+# Request fields through which a provider manages the context itself; such requests are left alone.
+SELF_MANAGED_FIELDS = ("context_management", "truncation", "transforms")
+
+
+def chat_usage(record: Any) -> Usage | None:
+    """`{"prompt_tokens": .., "completion_tokens": ..}` in the neutral form."""
+    return usage_from(record, "prompt_tokens", "completion_tokens")
+
+
+class ChatTap:
+    """A chat stream's usage (from its usage chunk, which is hidden when only the proxy asked for it)."""
+
+    def __init__(self, *, hide_usage: bool) -> None:
+        self._tap = UsageTap(hide_usage_chunk=hide_usage)
+
+    @property
+    def usage(self) -> Usage | None:
+        return chat_usage(self._tap.usage)
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        return self._tap.finish_reasons
+
+    def feed(self, chunk: bytes) -> bytes:
+        return self._tap.feed(chunk)
+
+    def finish(self) -> bytes:
+        return self._tap.finish()
+
+
+class ChatDialect:
+    """The OpenAI chat-completions API, as most SDKs, LangChain, aider and goose speak it."""
+
+    name = "chat"
+    path = "/chat/completions"
+
+    def history(self, call: ChatCall) -> list[Message] | None:
+        if call.messages is None or any(name in call.payload for name in SELF_MANAGED_FIELDS):
+            return None
+        return call.messages
+
+    def forwarded(self, call: ChatCall, history: list[Message], *, ask_usage: bool) -> bytes:
+        payload = {**call.payload, "messages": history}
+        if ask_usage:
+            options = call.payload.get("stream_options")
+            payload["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        return encode_json(payload)
+
+    def overhead(self, call: ChatCall, counter: TokenCounter) -> int:
+        return counter.count_request({**call.payload, "messages": []})
+
+    def tools(self, call: ChatCall) -> Any:
+        return call.payload.get("tools")
+
+    def asks_usage(self, call: ChatCall) -> bool:
+        options = call.payload.get("stream_options")
+        return isinstance(options, dict) and options.get("include_usage") is True
+
+    def overflow(self, payload: Any) -> bool:
+        return overflow_in_answer(payload)
+
+    def usage(self, payload: Any) -> Usage | None:
+        return chat_usage(usage_of(payload))
+
+    def tap(self, *, hide_usage: bool) -> ChatTap:
+        return ChatTap(hide_usage=hide_usage)
+
+
+CHAT = ChatDialect()

@@ -1,0 +1,1 @@
+"""The server edge, the only code that imports aiohttp.web: routes, handlers, middleware and the relay of answers."""

@@ -1,0 +1,68 @@
+"""HTTP handlers: parse the request, call the core, respond. Nothing else lives here."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.core.credentials import presents_one_of
+from proxy.core.fingerprint import HASH_ERRORS
+from proxy.dialects.chat_request import ChatCall
+from proxy.http.appkeys import METRICS, RUNTIME
+from proxy.http.pin import pinned
+from proxy.http.relay import deliver
+from proxy.http.request_body import read_body
+from proxy.log_filters import mask_url
+from proxy.metrics import CONTENT_TYPE
+from proxy.offload import LARGE_JSON, off_loop_above
+from proxy.upstream.answer import Answer
+from proxy.upstream.upstream import UpstreamRequest
+
+API_PREFIX = "/v1"
+
+
+def upstream_request(request: web.Request, body: bytes) -> UpstreamRequest:
+    """The client's request re-addressed below the upstream base URL, query string kept raw."""
+    path, _, query = request.raw_path.partition("?")
+    return UpstreamRequest(request.method, path[len(API_PREFIX):], query, request.headers, body)
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    body = await read_body(request)
+    upstream = pinned(request).upstream
+    async with upstream.open(upstream_request(request, body)) as response:
+        return await deliver(request, Answer.relayed(upstream, response))
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    body = await read_body(request)
+    # Parsing (and bounding) a history of many megabytes is CPU work: off the loop when it is that large.
+    query = request.raw_path.partition("?")[2]
+    call = await off_loop_above(LARGE_JSON, len(body), ChatCall.parse, body, request.headers, query)
+    async with pinned(request).pipeline.answer(call) as answer:
+        return await deliver(request, answer)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    # The live settings (a reload may have changed the upstream); the store outlives reloads.
+    settings, store = pinned(request).settings, request.app[RUNTIME].shared.store
+    store_ok = await store.ping()
+    body: dict[str, object] = {"status": "ready" if store_ok else "degraded",
+                               "store": "ok" if store_ok else "unreachable"}
+    # /readyz is open: what the proxy runs in front of is shown to an operator only (and without passwords).
+    admin_keys = [key.get_secret_value().encode("utf-8", HASH_ERRORS) for key in settings.server.admin_keys]
+    if admin_keys and presents_one_of(request.headers, admin_keys):
+        body["upstream"] = mask_url(settings.upstream.base_url)
+        status = getattr(store, "status", None)  # RedisStore: where it is, since when it is down, the last error
+        if callable(status):
+            body["store_detail"] = status()
+    # A shared store that is down costs reuse, not service: stay in the load balancer (200, "degraded").
+    serving = store_ok or settings.store.kind == "redis"
+    return web.json_response(body, status=200 if serving else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].exposition(), headers={"Content-Type": CONTENT_TYPE})

@@ -1,0 +1,86 @@
+"""The thin middleware stack: proxy authentication, and every proxy-made error in OpenAI's shape."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from proxy.core.credentials import presents_one_of
+from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized, openai_error_body
+from proxy.headers import outcome_of
+from proxy.http.appkeys import METRICS
+from proxy.http.relay import abandon_if_started, clear_started
+from proxy.http.routes import OPEN_PATHS, route_of
+
+log = logging.getLogger("proxy.middleware")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(error: ProxyError) -> web.Response:
+    return web.json_response(error.body(), status=error.status)
+
+
+@web.middleware
+async def count_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every answer counted by route, status and what compaction did (outermost, so refusals count too)."""
+    metrics = request.app.get(METRICS)
+    try:
+        response = await handler(request)
+    except BaseException:
+        if metrics is not None:
+            metrics.requests.labels(route_of(request.path), "500", "none").inc()
+        raise
+    if metrics is not None:
+        metrics.requests.labels(route_of(request.path), str(response.status), outcome_of(response.headers)).inc()
+    return response
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """ProxyError, aiohttp's own HTTP errors and crashes all become OpenAI-shaped JSON, never a traceback.
+
+    Only before the response started: after it, an error response cannot be sent, so the connection is closed.
+    """
+    clear_started()
+    try:
+        return await handler(request)
+    except Exception as error:  # noqa: BLE001  # every failure is answered (or, once started, cut) here
+        started = abandon_if_started(request, error)
+        return started if started is not None else _error_response(request, error)
+
+
+def _error_response(request: web.Request, error: Exception) -> web.StreamResponse:
+    if isinstance(error, ProxyError):
+        return error_response(error)
+    if isinstance(error, web.HTTPRequestEntityTooLarge):
+        return error_response(PayloadTooLarge(
+            f"request body exceeds the proxy's limit of {request.client_max_size} bytes"))
+    if isinstance(error, web.HTTPException):
+        if error.status < 400:
+            raise error  # a redirect is an answer, not an error
+        body = openai_error_body(error.reason, "invalid_request_error", code=str(error.status))
+        return web.json_response(body, status=error.status)
+    log.error("unhandled error on %s %s", request.method, request.path, exc_info=error)
+    body = openai_error_body("the proxy failed to handle this request", "proxy_error", code="internal_error")
+    return web.json_response(body, status=500)
+
+
+def require_proxy_key(accepted: Callable[[web.Request], Sequence[bytes]]) -> Middleware:
+    """Only clients holding one of the keys `accepted` gives for this request may use the proxy; none = open.
+
+    The keys are looked up per request, so a reload that changes them applies from the next request on.
+    Probes stay open.
+    """
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        keys = accepted(request)
+        if keys and request.path not in OPEN_PATHS and not presents_one_of(request.headers, keys):
+            raise Unauthorized("a valid proxy API key is required")
+        return await handler(request)
+
+    return check

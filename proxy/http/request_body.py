@@ -1,0 +1,148 @@
+"""Request bodies read within bounds: size counted on inflated bytes as they inflate, a deadline, a free loop."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+
+from aiohttp import hdrs, web
+from aiohttp.web_protocol import RequestPayloadError
+
+from proxy.errors import BadRequest, PayloadTooLarge, RequestTimeout, UnsupportedEncoding
+from proxy.http.appkeys import SETTINGS
+from proxy.http.middleware import Handler
+
+# Inflated bytes per zlib call: about a millisecond of CPU, after which other requests get the loop.
+INFLATE_STEP = 256 * 1024
+# A gzip body is a sequence of members; honest clients send one, a bomb of empty members costs a call each.
+MAX_GZIP_MEMBERS = 64
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+_ZLIB_WBITS = zlib.MAX_WBITS
+_RAW_DEFLATE_WBITS = -zlib.MAX_WBITS
+_IDENTITY = frozenset({"", "identity"})
+
+
+class _Inflater:
+    """zlib in bounded steps: `feed` compressed bytes, then call `step` until it returns None."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self._wbits: int | None = _GZIP_WBITS if encoding in ("gzip", "x-gzip") else None
+        self._inflater = zlib.decompressobj(self._wbits) if self._wbits is not None else None
+        self._pending = b""
+        self._members = 1
+        self._fed = False
+        self._drained = True
+
+    def feed(self, data: bytes) -> None:
+        self._pending += data
+        self._fed = True
+        self._drained = False
+
+    def step(self) -> bytes | None:
+        """At most INFLATE_STEP inflated bytes (maybe none); None once everything fed so far is inflated."""
+        if self._drained:
+            return None
+        inflater = self._decompressor()
+        try:
+            out = inflater.decompress(self._pending, INFLATE_STEP)
+        except zlib.error:
+            raise self._invalid() from None
+        self._pending = inflater.unconsumed_tail
+        if inflater.eof and inflater.unused_data:
+            self._next_member(inflater.unused_data)
+        # zlib may hold output for input it already took; only an empty answer with no input left means done.
+        self._drained = not out and not self._pending
+        return out
+
+    def finish(self) -> None:
+        """The body ended: the compressed stream must have ended with it (an empty body is just empty)."""
+        if not self._fed:
+            return
+        if self._inflater is None or not self._inflater.eof or self._pending:
+            raise BadRequest(f"the request body is a truncated {self.encoding} stream", code="invalid_body")
+
+    def _decompressor(self) -> zlib._Decompress:
+        if self._inflater is None:
+            # RFC 9110 deflate is zlib-wrapped, but some clients send raw deflate: the first byte tells them apart.
+            self._wbits = _ZLIB_WBITS if self._pending[:1] and self._pending[0] & 0x0F == 8 else _RAW_DEFLATE_WBITS
+            self._inflater = zlib.decompressobj(self._wbits)
+        return self._inflater
+
+    def _next_member(self, rest: bytes) -> None:
+        if self._wbits != _GZIP_WBITS:
+            raise BadRequest(f"data follows the end of the {self.encoding} stream", code="invalid_body")
+        self._members += 1
+        if self._members > MAX_GZIP_MEMBERS:
+            raise BadRequest(f"the gzip body has more than {MAX_GZIP_MEMBERS} members", code="invalid_body")
+        self._inflater = zlib.decompressobj(_GZIP_WBITS)
+        self._pending = rest + self._pending
+
+    def _invalid(self) -> BadRequest:
+        return BadRequest(f"the request body is not valid {self.encoding} data", code="invalid_body")
+
+
+def inflater_for(content_encoding: str) -> _Inflater | None:
+    """The inflater a Content-Encoding asks for; None for identity; 415 for anything else."""
+    codings = [coding.strip().lower() for coding in content_encoding.split(",")]
+    codings = [coding for coding in codings if coding not in _IDENTITY]
+    if not codings:
+        return None
+    if len(codings) == 1 and codings[0] in ("gzip", "x-gzip", "deflate"):
+        return _Inflater(codings[0])
+    raise UnsupportedEncoding(f"Content-Encoding {content_encoding!r} is not supported (gzip or deflate, once)")
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body exceeds the proxy's limit of {limit} bytes (counted after decompression)")
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole request body, inflated, within `server.max_body_bytes` and `server.body_timeout`."""
+    server = request.app[SETTINGS].server
+    return await read_bounded(request, server.max_body_bytes, server.body_timeout)
+
+
+async def read_bounded(request: web.BaseRequest, limit: int, timeout: float) -> bytes:
+    inflater = inflater_for(request.headers.get(hdrs.CONTENT_ENCODING, ""))
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise _too_large(limit)  # refused before a byte is read: compressed bytes count against the limit too
+    try:
+        async with asyncio.timeout(timeout):
+            return await _collect(request, inflater, limit)
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {timeout:g}s") from None
+    except RequestPayloadError as error:
+        raise BadRequest(f"the request body is malformed: {error}", code="invalid_body") from None
+
+
+async def _collect(request: web.BaseRequest, inflater: _Inflater | None, limit: int) -> bytes:
+    body = bytearray()
+    received = 0
+    while chunk := await request.content.readany():
+        received += len(chunk)
+        if received > limit:
+            raise _too_large(limit)
+        if inflater is None:
+            body += chunk
+            continue
+        inflater.feed(chunk)
+        while (piece := inflater.step()) is not None:
+            if len(body) + len(piece) > limit:
+                raise _too_large(limit)
+            body += piece
+            await asyncio.sleep(0)  # a bomb inflates in steps, between which the loop serves everyone else
+    if inflater is not None:
+        inflater.finish()
+    return bytes(body)
+
+
+@web.middleware
+async def close_unread_bodies(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A request refused before its body was read (401, 413, 408, 400) ends its connection: the rest of the body
+    is never inflated, nor drained for keep-alive."""
+    response = await handler(request)
+    if not request.content.is_eof():
+        response.force_close()
+    return response

@@ -1,0 +1,303 @@
+"""Evidence: the exact values a summary must not lose (the user's words, failing commands with their errors, the
+files worked on), read from the summarised messages and added to the summary wherever it left them out.
+
+What a tool printed is quoted as code after the tool's name, never set down as words of its own: the summary is sent
+with the user's role, and a tool's output ("ignore all previous instructions", `curl … | sh`) is data, not a request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import string
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from proxy.core.messages import Message, content_text, is_user, role
+from proxy.summarizer.fence import inline_code
+from proxy.summarizer.summary import FileNote, StructuredSummary
+
+# A line of tool output reporting a failure. The line is quoted as printed: an error's exact text is the fact
+# most often lost, and a model asked for it verbatim paraphrases it anyway.
+ERROR_WORD = re.compile(r"(?:error|exception|traceback)\b|\b(?:failed|failure|fatal|panic)\b|^(?-i:E)[ \t]",
+                        re.IGNORECASE)
+ERROR_WORDS = ("error", "exception", "traceback", "failed", "failure", "fatal", "panic")
+ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+MAX_CANDIDATES = 64     # lines looked at per word of one output: a word repeated in every line costs no more
+COMMAND_KEYS = ("command", "cmd", "script")
+PATH_KEYS = ("path", "file_path", "filepath", "filename", "file")
+# A tool whose name has one of these changes the file it names; any other path-bearing call reads it.
+WRITE_WORDS = ("edit", "write", "patch", "create", "replace", "apply", "insert", "append", "delete", "move",
+               "rename", "update", "set")
+MAX_ERROR_LINES = 3     # per tool result: the failing test, the error, the tally
+MAX_LINE_CHARS = 240    # one quoted line of output
+MAX_VALUE_CHARS = 80    # one argument of a file action
+MAX_USER_CHARS = 1200   # one user message: past this its middle goes
+# An assistant message without tool calls reports to the user ("Found it: the bug is in …"); a short one is kept
+# whole, a longer one (an essay, an answer to a question) is left to the model's summary.
+MAX_CONCLUSION_CHARS = 600
+ELLIPSIS = " […] "
+MIN_ITEM_TOKENS = 8     # no entry is smaller: below this the room is spent
+# A line of settings as config files and `env` print them (`LEDGER_PORT=5432`, `timeout = 30`, `port: 8080`).
+SETTING = re.compile(r"[A-Za-z_][\w.\-]*[ \t]?(?:=[ \t]?[^=\s]|:[ \t]\S).*")
+MAX_SETTINGS_OUTPUT = 4096  # characters: a longer output is not a settings file a summary could carry
+MAX_SETTINGS = 12       # lines kept from one output
+SETTINGS_LOOK = 2 * MAX_SETTINGS  # lines judged: a settings file shows what it is in its first lines
+# A test runner's tally (`1 failed, 6 passed in 3.41s`): quoted with the error, but a summary that kept the error
+# without it lost nothing, so it is not what decides whether the error is missing.
+TALLY = re.compile(r"[=\s]*\d+ (?:failed|passed|errors?|skipped|deselected|warnings?|xfailed|xpassed)\b"
+                   r"(?:, \d+ \w+)*(?: in [\d.]+ ?s)?[=\s]*", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One tool call, as the evidence knows it: what it ran or touched, and the failure lines it printed."""
+
+    label: str                  # `command` when it ran one, else name(args)
+    command: str | None
+    path: str | None
+    writes: bool
+    detail: str                 # the file action: the name and its other arguments, shortened
+    errors: tuple[str, ...]
+    settings: tuple[str, ...] = ()  # the output's lines, when it reads as settings (a config file, `env`)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the summarised messages say exactly, oldest first."""
+
+    user_messages: tuple[str, ...] = ()
+    actions: tuple[Action, ...] = ()
+    conclusions: tuple[str, ...] = ()  # what the assistant told the user between tool rounds
+
+
+def gather(messages: Sequence[Message], kept: Iterable[Message] = ()) -> Evidence:
+    """The evidence in `messages` (the client's own, as summarised); messages in `kept` stay verbatim anyway."""
+    staying = list(kept)
+    users = tuple(_shortened(text, MAX_USER_CHARS) for message in messages
+                  if is_user(message) and message not in staying and (text := content_text(message.get("content"))))
+    conclusions = tuple(text for message in messages
+                        if role(message) == "assistant" and not message.get("tool_calls") and message not in staying
+                        and 0 < len(text := content_text(message.get("content")).strip()) <= MAX_CONCLUSION_CHARS)
+    results = {message.get("tool_call_id"): content_text(message.get("content")) for message in messages
+               if role(message) == "tool"}
+    actions = tuple(action for message in messages if role(message) == "assistant"
+                    for call in message.get("tool_calls") or () if (action := _action(call, results)) is not None)
+    return Evidence(users, actions, conclusions)
+
+
+def _action(call: Any, results: dict[Any, str]) -> Action | None:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        return None
+    name = function["name"]
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(arguments, dict):
+        return None
+    command = _first_text(arguments, COMMAND_KEYS)
+    path = _first_text(arguments, PATH_KEYS)
+    others = {key: value for key, value in arguments.items() if key not in PATH_KEYS}
+    detail = " ".join([name, *(f"{key}={_shortened(_text(value), MAX_VALUE_CHARS)}" for key, value in others.items())])
+    label = f"`{command}`" if command else f"{name}({_shortened(json.dumps(arguments), MAX_VALUE_CHARS)})"
+    output = results.get(call.get("id"), "")
+    return Action(label, command, path, any(word in name.lower() for word in WRITE_WORDS), detail,
+                  tuple(_error_lines(output)), _settings(output))
+
+
+def _first_text(arguments: dict[str, Any], keys: Sequence[str]) -> str | None:
+    return next((value.strip() for key in keys if isinstance(value := arguments.get(key), str) and value.strip()),
+                None)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _error_lines(output: str) -> list[str]:
+    """The first lines of `output` that report a failure.
+
+    Outputs run to megabytes and `re` holds the GIL for ~100 ns a character: lines are found by `str.find`
+    for each word (C speed), at most MAX_CANDIDATES per word, and only those lines are matched.
+    """
+    lowered = output.translate(ASCII_LOWER)  # str.lower() may lengthen a text and shift every position after
+    starts: set[int] = set()
+    for needle, text in [*((word, lowered) for word in ERROR_WORDS), ("\nE ", output), ("\nE\t", output)]:
+        found, at = 0, text.find(needle)
+        while at >= 0 and found < MAX_CANDIDATES:
+            line_start = output.rfind("\n", 0, at + (needle[0] == "\n")) + 1
+            starts.add(line_start)
+            found += 1
+            at = text.find(needle, max(at + 1, output.find("\n", at + 1)))
+    starts.add(0)  # the first line may open with "E "
+    lines: list[str] = []
+    for start in sorted(starts):
+        end = output.find("\n", start)
+        line = output[start:end if end >= 0 else len(output)]
+        if ERROR_WORD.search(line):
+            lines.append(_shortened(line.strip(), MAX_LINE_CHARS))
+            if len(lines) == MAX_ERROR_LINES:
+                break
+    return lines
+
+
+def _settings(output: str) -> tuple[str, ...]:
+    """The setting lines of a short output made mostly of them (comments and blank lines aside), else none.
+
+    A configured value (a port, a timeout, a host) is read once and asked for much later; a source file with one
+    assignment in it is not a settings file, so most of its lines must be settings.
+    """
+    if len(output) > MAX_SETTINGS_OUTPUT or ("=" not in output and ": " not in output):
+        return ()
+    lines = list(itertools.islice((line.rstrip() for line in output.splitlines()
+                                   if line.strip() and not line.lstrip().startswith(("#", ";"))), SETTINGS_LOOK))
+    settings = [line for line in lines if SETTING.fullmatch(line)]
+    # One "Note: …" line is a message, not a settings file: the `key: value` form needs company.
+    if not settings or 2 * len(settings) < len(lines) or (len(settings) == 1 and "=" not in settings[0]):
+        return ()
+    return tuple(_shortened(line, MAX_VALUE_CHARS) for line in settings[:MAX_SETTINGS])
+
+
+def _shortened(text: str, limit: int) -> str:
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    keep = (limit - len(ELLIPSIS)) // 2
+    return text[:keep].rstrip() + ELLIPSIS + text[-keep:].lstrip()
+
+
+def text_size(messages: Sequence[Message]) -> int:
+    """Characters of text in `messages`, to decide whether gathering them is worth a thread."""
+    return sum(len(content) for message in messages if isinstance(content := message.get("content"), str))
+
+
+def normalised(text: str) -> str:
+    """Text as it is compared: whitespace runs collapsed, case folded."""
+    return " ".join(text.split()).casefold()
+
+
+@dataclass(frozen=True)
+class _Item:
+    field: str          # the summary field it goes to
+    text: str                       # the list entry, or a file's path
+    details: tuple[str, ...] = ()   # a file's actions, oldest first
+    code: str = ""                  # a file's settings, as read
+    exact: bool = True              # a value a summary must not lose (not context: conclusions, runs, reads)
+    needed: tuple[str, ...] = ()    # the parts a summary must hold for the entry to be there (else its text)
+
+    @property
+    def detail(self) -> str:
+        return "; ".join(self.details)
+
+
+def _items(evidence: Evidence) -> Iterator[_Item]:
+    """Candidates most important first: the user's words, errors, settings read, files changed, what the assistant
+    concluded, commands, files read."""
+    for text in reversed(evidence.user_messages):
+        yield _Item("user_messages", text)
+    newest = list(reversed(evidence.actions))
+    failing = [action for action in newest if action.errors]
+    # The latest failure of each command comes before settings and changed files; its earlier runs after them.
+    latest = {action.label: action for action in reversed(failing)}
+    repeats = [action for action in failing if latest[action.label] is not action]
+    yield from (_error_item(action) for action in failing if latest[action.label] is action)
+    done: set[str] = set()  # paths and commands an entry already stands for
+    for action in newest:
+        if action.settings and not action.errors and (key := action.path or action.label) not in done:
+            yield _settings_item(action, newest)
+            done.add(key)
+    yield from _file_items(newest, writes=True, done=done)
+    yield from (_error_item(action) for action in repeats)
+    for text in reversed(evidence.conclusions):
+        yield _Item("problem_solving", text, exact=False)
+    for action in newest:
+        if action.command and not action.errors and action.command not in done and action.label not in done:
+            done.add(action.command)
+            yield _Item("problem_solving", f"ran `{action.command}`", exact=False)
+    yield from _file_items(newest, writes=False, done=done)
+
+
+def _error_item(action: Action) -> _Item:
+    """A failure as `label: line | line`; it is there when the summary holds what it ran and the lines that are
+    not a tally (all of them when all are)."""
+    telling = tuple(line for line in action.errors if not TALLY.fullmatch(line)) or action.errors
+    # "output", not "printed": asked what a test printed, a small model took a quoted tally for the answer.
+    return _Item("errors_and_fixes", f"{action.label} output: " + " | ".join(map(inline_code, action.errors)),
+                 needed=(action.command or action.label, *telling))
+
+
+def _settings_item(action: Action, newest: Sequence[Action]) -> _Item:
+    """A settings file as its note with the lines read; a command that printed settings as what it printed."""
+    if action.path is None:
+        return _Item("problem_solving", f"{action.label} printed: " + " ".join(map(inline_code, action.settings)))
+    return _Item("files", action.path, _details(action.path, newest), "\n".join(action.settings))
+
+
+def _file_items(newest: Sequence[Action], *, writes: bool, done: set[str]) -> Iterator[_Item]:
+    paths = dict.fromkeys(action.path for action in newest
+                          if action.path and action.writes == writes and action.path not in done)
+    for path in paths:
+        yield _Item("files", str(path), _details(str(path), newest), exact=writes)
+
+
+def _details(path: str, newest: Sequence[Action]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(action.detail for action in reversed(newest) if action.path == path))
+
+
+def _missing(item: _Item, have: str) -> bool:
+    if item.needed:
+        return any(normalised(part) not in have for part in item.needed)
+    if item.field != "files":
+        return normalised(item.text) not in have
+    details = [part for part in item.details if " " in part]  # a bare tool name says nothing
+    return normalised(item.text) not in have or any(normalised(part) not in have for part in details) \
+        or any(normalised(line) not in have for line in item.code.splitlines())
+
+
+def complete(summary: StructuredSummary | None, text: str, evidence: Evidence, room: int,
+             count: Callable[[str], int], *, exact_room: int = 0) -> tuple[StructuredSummary, int]:
+    """`summary` (an empty one when the reply did not parse) with the evidence `text` lacks, within `room` tokens,
+    and up to `exact_room` more for exact values (the user's words, errors, settings, files changed).
+
+    Returns it and how many entries were added. Entries are whole or absent, most important first; one that
+    does not fit is passed over for smaller ones after it.
+    """
+    have = normalised(text)
+    fields: dict[str, list[Any]] = {"user_messages": [], "errors_and_fixes": [], "problem_solving": [],
+                                    "files": []}
+    added = spent = 0
+    for item in _items(evidence):
+        limit = room + max(0, exact_room) if item.exact else room
+        if limit - spent < MIN_ITEM_TOKENS:
+            break  # exact values come first: past one whose limit is spent, every later limit is
+        cost = count(item.text + item.detail + item.code) + (8 if item.code else 4)  # bullets, fences, breaks
+        if spent + cost > limit or not _missing(item, have):
+            continue
+        spent += cost
+        added += 1
+        have += " " + normalised(f"{item.text} {item.detail} {item.code}")
+        fields[item.field].append(FileNote(item.text, item.detail or None, item.code or None)
+                                  if item.field == "files" else item.text)
+    base = summary or StructuredSummary()
+    merged = replace(base,
+                     user_messages=(*base.user_messages, *reversed(fields["user_messages"])),
+                     errors_and_fixes=(*base.errors_and_fixes, *fields["errors_and_fixes"]),
+                     problem_solving=(*base.problem_solving, *fields["problem_solving"]),
+                     files=_merged_files(base.files, fields["files"]))
+    return merged, added
+
+
+def _merged_files(notes: Sequence[FileNote], added: Sequence[FileNote]) -> tuple[FileNote, ...]:
+    """The summary's file notes, each extended by the actions and settings found for its path, then new paths."""
+    found = {note.path: note for note in added}
+    extended = [_extended(note, found.pop(note.path)) if note.path in found else note for note in notes]
+    return (*extended, *(note for note in added if note.path in found))
+
+
+def _extended(note: FileNote, found: FileNote) -> FileNote:
+    return replace(note, summary="; ".join(filter(None, (note.summary, found.summary))) or None,
+                   key_code="\n".join(filter(None, (note.key_code, found.key_code))) or None)

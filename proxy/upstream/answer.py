@@ -1,0 +1,77 @@
+"""What goes back to the client: a status, headers and either a whole body or the chunks of a live stream.
+
+An answer delivers itself: the pipeline (or the pass-through route) builds one, and the relay sends it. Work that
+must happen before the last byte leaves (learning from usage, claiming a background summary) is part of the chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from multidict import CIMultiDict
+
+from proxy.upstream.attempt import Attempt
+from proxy.upstream.streaming import UsageTap
+from proxy.upstream.upstream import Upstream, response_headers, was_decoded
+
+log = logging.getLogger("proxy.answer")
+
+Usage = dict[str, Any] | None
+OnDone = Callable[[Usage], None]
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: CIMultiDict[str]
+    body: bytes | None = None
+    chunks: AsyncIterator[bytes] | None = None  # a live stream; the headers carry no Content-Length then
+    reason: str | None = None
+
+    @classmethod
+    def relayed(cls, upstream: Upstream, response: aiohttp.ClientResponse) -> Answer:
+        """An upstream response passed through as it is: bytes unchanged, length kept unless it was decoded."""
+        headers = response_headers(response.headers, decoded=was_decoded(response))
+        return cls(response.status, headers, chunks=upstream.chunks(response), reason=response.reason)
+
+
+def chat_answer(upstream: Upstream, attempt: Attempt, extra_headers: dict[str, str], *, hide_usage: bool,
+                on_done: OnDone | None) -> Answer:
+    """The answer to a chat completion, with the compaction headers; `on_done` sees the usage before the end."""
+    headers = attempt.headers.copy()
+    headers.update(extra_headers)
+    if attempt.response is None:
+        _learn_from(on_done, attempt.usage())
+        return Answer(attempt.status, headers, body=attempt.body)
+    tap = UsageTap(hide_usage_chunk=hide_usage)
+    return Answer(attempt.status, headers, chunks=_tapped(upstream, attempt, tap, on_done),
+                  reason=attempt.response.reason)
+
+
+async def _tapped(upstream: Upstream, attempt: Attempt, tap: UsageTap, on_done: OnDone | None) -> AsyncIterator[bytes]:
+    """The held-back head, then the rest as it arrives, watched for usage (and the usage chunk hidden if asked)."""
+    assert attempt.response is not None
+    if head := tap.feed(attempt.head):
+        yield head
+    async for chunk in upstream.chunks(attempt.response):
+        if out := tap.feed(chunk):
+            yield out
+    tail = tap.finish()
+    _learn_from(on_done, tap.usage)
+    if tail:
+        yield tail
+
+
+def _learn_from(on_done: OnDone | None, usage: Usage) -> None:
+    """Run the end-of-answer hook; what it raises is logged, never the answer's failure (the answer is the client's,
+    the learning only the proxy's)."""
+    if on_done is None:
+        return
+    try:
+        on_done(usage)
+    except Exception:  # a bug in learning must not cut a finished stream or 500 a good answer
+        log.error("learning from an answer failed; the answer is sent as it is", exc_info=True)

@@ -1,0 +1,102 @@
+"""One try at the upstream: send, then hold the answer back just long enough to tell whether it overflowed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from multidict import CIMultiDict
+
+from proxy.upstream.overflow import detect_context_overflow, overflow_in_answer
+from proxy.upstream.streaming import SseDecoder, is_error_event, is_preamble_event, usage_of
+from proxy.upstream.upstream import Upstream, UpstreamRequest, response_headers
+
+# An error stream is short; past this much after an error event the rest is not worth holding.
+MAX_ERROR_TAIL = 1024 * 1024
+# A first event larger than this is no error report: the stream is committed without waiting for its end.
+MAX_HEAD = 64 * 1024
+# Whitespace a JSON answer may open with before its "{" (one pretty-printing server pads with a newline).
+MAX_LEADING_SPACE = 64
+
+
+@dataclass
+class Attempt:
+    """What the upstream answered. Buffered answers carry `body`; live streams carry `response` and `head`."""
+
+    status: int
+    headers: CIMultiDict[str]
+    body: bytes | None = None
+    response: aiohttp.ClientResponse | None = None
+    head: bytes = b""
+    overflow: bool = False
+    empty_stream: bool = False
+    answer_usage: dict[str, Any] | None = None  # of a buffered JSON answer, read with it
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300 and not self.overflow
+
+    def usage(self) -> dict[str, Any] | None:
+        """Usage of a buffered JSON answer (streams report theirs through a UsageTap)."""
+        return self.answer_usage if self.body is not None and self.ok else None
+
+
+async def send(upstream: Upstream, stack: AsyncExitStack, *, query: str, headers: Mapping[str, str],
+               body: bytes) -> Attempt:
+    """POST a chat completion; errors and whole-body answers are read, event streams probed."""
+    request = UpstreamRequest("POST", "/chat/completions", query, headers, body)
+    response = await stack.enter_async_context(upstream.open(request))
+    if 200 <= response.status < 300 and response.content_type == "text/event-stream":
+        return await _probe_stream(upstream, response)
+    payload = await upstream.read_body(response)
+    overflow, usage = _judged(response.status, payload)
+    return Attempt(response.status, response_headers(response.headers, decoded=True), body=payload,
+                   overflow=overflow, answer_usage=usage)
+
+
+def _judged(status: int, body: bytes) -> tuple[bool, dict[str, Any] | None]:
+    """(overflow, usage) of a whole answer, the JSON of a successful one decoded once for both."""
+    if 200 <= status < 300 and body[:MAX_LEADING_SPACE].lstrip()[:1] == b"{":
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            payload = None
+        if isinstance(payload, dict):
+            overflow = overflow_in_answer(payload)
+            return overflow, None if overflow else usage_of(payload)
+    overflow = detect_context_overflow(status, body)
+    return overflow, None
+
+
+async def _probe_stream(upstream: Upstream, response: aiohttp.ClientResponse) -> Attempt:
+    """Hold the stream back only until its first event: an error there is judged (a buffered answer); anything
+    else — content, a role chunk, a reasoning delta, a keep-alive comment — commits it as a live stream.
+
+    Only the Responses API's lifecycle preamble (`response.created`, ...) does not count as a first event."""
+    headers = response_headers(response.headers, decoded=True)
+    decoder = SseDecoder()
+    head = b""
+    async for chunk in upstream.chunks(response):
+        head += chunk
+        events = [event for event in decoder.feed(chunk) if not is_preamble_event(event)]
+        if events and is_error_event(events[0]):
+            whole = head + await _read_rest(upstream, response)
+            return Attempt(200, headers, body=whole, overflow=detect_context_overflow(200, whole))
+        if events or len(head) > MAX_HEAD:
+            return Attempt(response.status, headers, response=response, head=head)
+    last = decoder.flush()
+    return Attempt(response.status, headers, body=head, overflow=detect_context_overflow(200, head),
+                   empty_stream=not last)
+
+
+async def _read_rest(upstream: Upstream, response: aiohttp.ClientResponse) -> bytes:
+    rest = b""
+    async for chunk in upstream.chunks(response):
+        rest += chunk
+        if len(rest) > MAX_ERROR_TAIL:
+            break
+    return rest
