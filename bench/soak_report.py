@@ -17,7 +17,7 @@ from bench.soak_watch import HEALTH_PERIOD, Samples
 # timed figure on a shared machine measures the neighbours too (CI saw 50.5 ms beside its other tests).
 HEALTH_P99_TARGET_MS = 50.0
 # The invariant: no /healthz probe waits this long. Only a blocked event loop (a body parsed, counted or inflated on
-# it) costs this much; the deploy's probes give up at 3 s. The same tripwire as tests/test_loop_stall.py.
+# it) costs this much; the deploy's probes give up at 3 s. The same tripwire as tests/e2e/test_loop_stall.py.
 HEALTH_STALL_LIMIT_MS = 500.0
 # A third of the run in which the proxy was runnable but waiting for a CPU more than this share of the time
 # (neighbours on a shared machine) has its /healthz latency reported, not judged: the figure is the machine's.

@@ -18,10 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.config import Settings, settings_from_mapping
 from proxy.log_limits import BURST
 from proxy.reload import applicable, changed_paths, restart_only, unsaid_changes
+from tests.e2e.test_compaction_e2e import WINDOW, big_history
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
 from tests.proxy_process import ProxyProcess, proxy_process
-from tests.test_compaction_e2e import WINDOW, big_history
 
 KEY_A, KEY_B = "reload-key-alpha-1f3e", "reload-key-bravo-9c2d"
 

@@ -1,4 +1,4 @@
-"""One chat completion's journey: reuse, proactive compaction, forward, detect overflow, compact, retry once."""
+"""One request's journey: reuse, proactive compaction, forward, detect overflow, compact, retry once."""
 
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ from proxy.core.messages import Message
 from proxy.core.plan import last_input_tokens
 from proxy.core.tenants import namespace_for
 from proxy.core.tokens import TokenCounter
-from proxy.dialects.chat_request import ChatCall, encode_json
+from proxy.core.usage import Usage
+from proxy.dialects.chat import CHAT
+from proxy.dialects.chat_request import ChatCall
+from proxy.dialects.dialect import Dialect
 from proxy.errors import ProxyError
 from proxy.headers import (
     COMPACTION,
@@ -36,17 +39,13 @@ from proxy.headers import (
 )
 from proxy.metrics import Metrics
 from proxy.request_context import annotate, current_request_id
-from proxy.upstream.answer import Answer, chat_answer
+from proxy.upstream.answer import Answer, journey_answer
 from proxy.upstream.attempt import Attempt, send
 from proxy.upstream.overflow import context_limit_from_error
 from proxy.upstream.upstream import Upstream
 from proxy.upstream.windows import ContextWindows
 
 log = logging.getLogger("proxy.pipeline")
-
-# Request fields through which a provider manages the context itself; such requests are left alone.
-SELF_MANAGED_FIELDS = ("context_management", "truncation", "transforms")
-
 
 @dataclass
 class Journey:
@@ -69,8 +68,9 @@ class Journey:
 class ChatPipeline:
     def __init__(self, settings: Settings, upstream: Upstream, compactor: Compactor, counter: TokenCounter,
                  calibration: Calibration, windows: ContextWindows, metrics: Metrics,
-                 history: HistoryIndex | None = None) -> None:
+                 history: HistoryIndex | None = None, dialect: Dialect[ChatCall] = CHAT) -> None:
         self._settings = settings
+        self._dialect = dialect
         self._upstream = upstream
         self._compactor = compactor
         self._counter = counter
@@ -84,14 +84,15 @@ class ChatPipeline:
     async def answer(self, call: ChatCall) -> AsyncIterator[Answer]:
         """The answer to send; a live upstream stream stays open until the caller leaves the block."""
         async with AsyncExitStack() as stack:
-            if not self._compactable(call):
-                attempt = await send(self._upstream, stack, query=call.query, headers=call.headers, body=call.body)
+            messages = self._history_of(call)
+            if messages is None:
+                attempt = await self._forward(call, stack, call.body)
                 yield self._finish(call, attempt, {COMPACTION: "none"}, hide_usage=False)
                 return
             if self._mode(call) == "shadow":
-                yield await self._shadow(call, stack)
+                yield await self._shadow(call, messages, stack)
                 return
-            yield await self._journey(call, stack)
+            yield await self._journey(call, messages, stack)
 
     def _mode(self, call: ChatCall) -> str:
         return call.mode or self._settings.compaction.mode
@@ -101,11 +102,17 @@ class ChatPipeline:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
 
-    def _compactable(self, call: ChatCall) -> bool:
+    def _history_of(self, call: ChatCall) -> list[Message] | None:
+        """The history the journey may compact, or None: compaction off, or the request not compactable."""
         settings = self._settings
-        return (settings.compaction.enabled and self._mode(call) != "off" and call.messages is not None
-                and not settings.model_for(call.model).manages_own_context
-                and not any(name in call.payload for name in SELF_MANAGED_FIELDS))
+        if (not settings.compaction.enabled or self._mode(call) == "off"
+                or settings.model_for(call.model).manages_own_context):
+            return None
+        return self._dialect.history(call)
+
+    async def _forward(self, call: ChatCall, stack: AsyncExitStack, body: bytes) -> Attempt:
+        return await send(self._upstream, stack, path=self._dialect.path, reader=self._dialect, query=call.query,
+                          headers=call.headers, body=body)
 
     def _limits(self, call: ChatCall) -> Limits:
         config = self._settings.compaction
@@ -114,12 +121,11 @@ class ChatPipeline:
                       tail_share=config.tail_budget, instruction_share=config.instruction_budget,
                       max_summary_tokens=config.summarizer.max_output_tokens)
 
-    async def _journey(self, call: ChatCall, stack: AsyncExitStack) -> Answer:
-        assert call.messages is not None
+    async def _journey(self, call: ChatCall, messages: list[Message], stack: AsyncExitStack) -> Answer:
         started = time.perf_counter()
         namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
-        history = await self._history.read_off_loop(call.messages, namespace)
-        conversation = await self._compactor.reuse(call.messages, history.chain, namespace)
+        history = await self._history.read_off_loop(messages, namespace)
+        conversation = await self._compactor.reuse(messages, history.chain, namespace)
         # Windows the upstream states are looked up before planning (once per upstream, then cached), so the
         # summariser client built later, background ones included, knows its window without waiting.
         await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
@@ -141,11 +147,11 @@ class ChatPipeline:
         return self._finish(call, attempt, self._headers(journey), hide_usage=self._inject_usage(call),
                             journey=journey)
 
-    async def _shadow(self, call: ChatCall, stack: AsyncExitStack) -> Answer:
+    async def _shadow(self, call: ChatCall, messages: list[Message], stack: AsyncExitStack) -> Answer:
         """Decide as the real journey would, report it, and forward the request exactly as the client sent it."""
         namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
-        history = await self._history.read_off_loop(call.messages or [], namespace)
-        conversation = await self._compactor.reuse(call.messages or [], history.chain, namespace)
+        history = await self._history.read_off_loop(messages, namespace)
+        conversation = await self._compactor.reuse(messages, history.chain, namespace)
         await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
                                     headers=call.headers)
         journey = Journey(call, conversation, self._limits(call), history, self._raw_overhead(call))
@@ -153,7 +159,7 @@ class ChatPipeline:
         decision = "reused" if conversation.record else "none"
         if budget.over_threshold(journey.limits, before):
             decision = "proactive"
-        attempt = await send(self._upstream, stack, query=call.query, headers=call.headers, body=call.body)
+        attempt = await self._forward(call, stack, call.body)
         if attempt.overflow:
             self._metrics.overflow_errors.labels("first").inc()
             decision = "reactive"
@@ -209,7 +215,7 @@ class ChatPipeline:
                                                 trigger=trigger, headers=journey.call.headers,
                                                 overhead=self._overhead(journey),
                                                 force=self._mode(journey.call) == "force",
-                                                tools=journey.call.payload.get("tools"))
+                                                tools=self._dialect.tools(journey.call))
         if outcome.record is not None:
             journey.conversation = Conversation(journey.conversation.original, journey.conversation.chain,
                                                 journey.conversation.namespace, outcome.record)
@@ -255,29 +261,22 @@ class ChatPipeline:
         return tokens
 
     def _raw_overhead(self, call: ChatCall) -> int:
-        return self._counter.count_request({**call.payload, "messages": []})
+        return self._dialect.overhead(call, self._counter)
 
     def _overhead(self, journey: Journey) -> int:
         """What the request costs besides its messages: tool definitions and the reply primer."""
         return self._calibration.adjust(journey.call.model, journey.overhead)
 
     def _inject_usage(self, call: ChatCall) -> bool:
-        options = call.payload.get("stream_options")
-        asked = isinstance(options, dict) and options.get("include_usage") is True
-        return call.stream and self._settings.compaction.background and not asked
+        return call.stream and self._settings.compaction.background and not self._dialect.asks_usage(call)
 
     async def _send(self, journey: Journey, stack: AsyncExitStack) -> Attempt:
         call = journey.call
         body = call.body
         inject_usage = self._inject_usage(call)
         if journey.conversation.record is not None or journey.elided or inject_usage:
-            payload = {**call.payload, "messages": self._messages(journey)}
-            if inject_usage:
-                options = call.payload.get("stream_options")
-                payload["stream_options"] = {**(options if isinstance(options, dict) else {}),
-                                             "include_usage": True}
-            body = encode_json(payload)
-        return await send(self._upstream, stack, query=call.query, headers=call.headers, body=body)
+            body = self._dialect.forwarded(call, self._messages(journey), ask_usage=inject_usage)
+        return await self._forward(call, stack, body)
 
     def _headers(self, journey: Journey) -> dict[str, str]:
         headers = {COMPACTION: "failed" if journey.failed else journey.trigger}
@@ -299,20 +298,20 @@ class ChatPipeline:
         annotate(model=call.model, upstream_status=attempt.status)
         learn = journey is not None and attempt.ok
 
-        def on_done(usage: dict[str, Any] | None) -> None:
+        def on_done(usage: Usage | None) -> None:
             assert journey is not None
             self._learn(journey, usage)
 
-        return chat_answer(self._upstream, attempt, headers, hide_usage=hide_usage, on_done=on_done if learn else None)
+        return journey_answer(self._upstream, attempt, headers, tap=self._dialect.tap(hide_usage=hide_usage),
+                              on_done=on_done if learn else None)
 
-    def _learn(self, journey: Journey, usage: dict[str, Any] | None) -> None:
+    def _learn(self, journey: Journey, usage: Usage | None) -> None:
         """After a good answer: calibrate the estimate, and start the next summary early if usage is high."""
-        prompt_tokens = (usage or {}).get("prompt_tokens")
-        if not isinstance(prompt_tokens, int) or prompt_tokens <= 0:
+        if usage is None or not usage.input_tokens:
             return
+        prompt_tokens = usage.input_tokens
         self._calibration.observe(journey.call.model, self._raw_estimate(journey), prompt_tokens)
-        completion = (usage or {}).get("completion_tokens")
-        answer = completion if isinstance(completion, int) and completion >= 0 else 0
+        answer = usage.output_tokens or 0
         next_input = last_input_tokens(self._messages(journey), self._message_tokens(journey))
         # The next turn resends this prompt and answer plus one more input: if that will pass the threshold,
         # build its summary now so the next request finds it ready.
@@ -325,7 +324,7 @@ class ChatPipeline:
             begun = self._compactor.begin(journey.conversation, journey.limits, model=journey.call.model,
                                           trigger="background", headers=journey.call.headers,
                                           answer_tokens=answer_tokens, overhead=self._overhead(journey),
-                                          tools=journey.call.payload.get("tools"))
+                                          tools=self._dialect.tools(journey.call))
         except Exception:
             log.warning("could not plan a background summary", exc_info=True)
             return

@@ -9,19 +9,33 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import aiohttp
 from multidict import CIMultiDict
 
+from proxy.core.usage import Usage
 from proxy.upstream.attempt import Attempt
-from proxy.upstream.streaming import UsageTap
 from proxy.upstream.upstream import Upstream, response_headers, was_decoded
 
 log = logging.getLogger("proxy.answer")
 
-Usage = dict[str, Any] | None
-OnDone = Callable[[Usage], None]
+OnDone = Callable[[Usage | None], None]
+
+
+class StreamTap(Protocol):
+    """Watches a live answer stream for usage and finish reasons, in one client API's shape (a dialect's); may hide
+    events the client did not ask for. Total: it runs after the status went out, when a raise cuts the stream."""
+
+    @property
+    def usage(self) -> Usage | None: ...
+
+    @property
+    def finish_reasons(self) -> list[str]: ...
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def finish(self) -> bytes: ...
 
 
 @dataclass
@@ -39,20 +53,20 @@ class Answer:
         return cls(response.status, headers, chunks=upstream.chunks(response), reason=response.reason)
 
 
-def chat_answer(upstream: Upstream, attempt: Attempt, extra_headers: dict[str, str], *, hide_usage: bool,
-                on_done: OnDone | None) -> Answer:
-    """The answer to a chat completion, with the compaction headers; `on_done` sees the usage before the end."""
+def journey_answer(upstream: Upstream, attempt: Attempt, extra_headers: dict[str, str], *, tap: StreamTap,
+                   on_done: OnDone | None) -> Answer:
+    """The answer to a request that went through the journey, with the compaction headers; a stream is watched by
+    `tap`, and `on_done` sees the usage before the end."""
     headers = attempt.headers.copy()
     headers.update(extra_headers)
     if attempt.response is None:
         _learn_from(on_done, attempt.usage())
         return Answer(attempt.status, headers, body=attempt.body)
-    tap = UsageTap(hide_usage_chunk=hide_usage)
     return Answer(attempt.status, headers, chunks=_tapped(upstream, attempt, tap, on_done),
                   reason=attempt.response.reason)
 
 
-async def _tapped(upstream: Upstream, attempt: Attempt, tap: UsageTap, on_done: OnDone | None) -> AsyncIterator[bytes]:
+async def _tapped(upstream: Upstream, attempt: Attempt, tap: StreamTap, on_done: OnDone | None) -> AsyncIterator[bytes]:
     """The held-back head, then the rest as it arrives, watched for usage (and the usage chunk hidden if asked)."""
     assert attempt.response is not None
     if head := tap.feed(attempt.head):
@@ -66,7 +80,7 @@ async def _tapped(upstream: Upstream, attempt: Attempt, tap: UsageTap, on_done: 
         yield tail
 
 
-def _learn_from(on_done: OnDone | None, usage: Usage) -> None:
+def _learn_from(on_done: OnDone | None, usage: Usage | None) -> None:
     """Run the end-of-answer hook; what it raises is logged, never the answer's failure (the answer is the client's,
     the learning only the proxy's)."""
     if on_done is None:

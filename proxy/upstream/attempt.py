@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
 from multidict import CIMultiDict
 
-from proxy.upstream.overflow import detect_context_overflow, overflow_in_answer
-from proxy.upstream.streaming import SseDecoder, is_error_event, is_preamble_event, usage_of
+from proxy.core.usage import Usage
+from proxy.upstream.overflow import detect_context_overflow
+from proxy.upstream.streaming import SseDecoder, is_error_event, is_preamble_event
 from proxy.upstream.upstream import Upstream, UpstreamRequest, response_headers
 
 # An error stream is short; past this much after an error event the rest is not worth holding.
@@ -21,6 +22,14 @@ MAX_ERROR_TAIL = 1024 * 1024
 MAX_HEAD = 64 * 1024
 # Whitespace a JSON answer may open with before its "{" (one pretty-printing server pads with a newline).
 MAX_LEADING_SPACE = 64
+
+
+class AnswerReader(Protocol):
+    """Reads a successful, buffered JSON answer of one client API (a dialect): this layer knows none of them."""
+
+    def overflow(self, payload: Any) -> bool: ...
+
+    def usage(self, payload: Any) -> Usage | None: ...
 
 
 @dataclass
@@ -34,31 +43,31 @@ class Attempt:
     head: bytes = b""
     overflow: bool = False
     empty_stream: bool = False
-    answer_usage: dict[str, Any] | None = None  # of a buffered JSON answer, read with it
+    answer_usage: Usage | None = None  # of a buffered JSON answer, read with it
 
     @property
     def ok(self) -> bool:
         return 200 <= self.status < 300 and not self.overflow
 
-    def usage(self) -> dict[str, Any] | None:
+    def usage(self) -> Usage | None:
         """Usage of a buffered JSON answer (streams report theirs through a UsageTap)."""
         return self.answer_usage if self.body is not None and self.ok else None
 
 
-async def send(upstream: Upstream, stack: AsyncExitStack, *, query: str, headers: Mapping[str, str],
-               body: bytes) -> Attempt:
-    """POST a chat completion; errors and whole-body answers are read, event streams probed."""
-    request = UpstreamRequest("POST", "/chat/completions", query, headers, body)
+async def send(upstream: Upstream, stack: AsyncExitStack, *, path: str, reader: AnswerReader, query: str,
+               headers: Mapping[str, str], body: bytes) -> Attempt:
+    """POST a request to `path`; errors and whole-body answers are read (by `reader`), event streams probed."""
+    request = UpstreamRequest("POST", path, query, headers, body)
     response = await stack.enter_async_context(upstream.open(request))
     if 200 <= response.status < 300 and response.content_type == "text/event-stream":
         return await _probe_stream(upstream, response)
     payload = await upstream.read_body(response)
-    overflow, usage = _judged(response.status, payload)
+    overflow, usage = _judged(response.status, payload, reader)
     return Attempt(response.status, response_headers(response.headers, decoded=True), body=payload,
                    overflow=overflow, answer_usage=usage)
 
 
-def _judged(status: int, body: bytes) -> tuple[bool, dict[str, Any] | None]:
+def _judged(status: int, body: bytes, reader: AnswerReader) -> tuple[bool, Usage | None]:
     """(overflow, usage) of a whole answer, the JSON of a successful one decoded once for both."""
     if 200 <= status < 300 and body[:MAX_LEADING_SPACE].lstrip()[:1] == b"{":
         try:
@@ -66,8 +75,8 @@ def _judged(status: int, body: bytes) -> tuple[bool, dict[str, Any] | None]:
         except orjson.JSONDecodeError:
             payload = None
         if isinstance(payload, dict):
-            overflow = overflow_in_answer(payload)
-            return overflow, None if overflow else usage_of(payload)
+            overflow = reader.overflow(payload)
+            return overflow, None if overflow else reader.usage(payload)
     overflow = detect_context_overflow(status, body)
     return overflow, None
 

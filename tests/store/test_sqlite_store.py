@@ -33,7 +33,7 @@ from tests.sdk import async_client
 TTL = 100.0
 TENANT = tenant_namespace("sk-one")
 BOUND = 60.0  # seconds: every wait in these tests ends well within this, or the test fails
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def record(salt: str) -> CompactedPrefix:

@@ -13,7 +13,7 @@ from proxy.config import ConfigError
 from proxy.core.tokens import TokenCounter
 from proxy.summarizer.templates import TEMPLATE_NAMES, Templates, builtin_prompts_dir, default_user_dir
 
-REPO_PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
+REPO_PROMPTS = Path(__file__).resolve().parents[2] / "prompts"
 
 SUMMARY_FIELDS: dict[str, Any] = {
     "user_intent": ["Add retries"],

@@ -9,10 +9,10 @@ import openai
 import pytest
 
 from tests.conftest import ProxyFactory
+from tests.e2e.test_compaction_e2e import big_history, compaction_config
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
 from tests.sdk import async_client
-from tests.test_compaction_e2e import big_history, compaction_config
 
 
 async def scrape(url: str) -> dict[str, float]:

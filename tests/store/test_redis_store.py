@@ -19,9 +19,9 @@ from proxy.store.flights import DROPPED, STORED, Held, Lease, LeaseStore, StoreU
 from proxy.store.redis_store import RedisStore
 from proxy.store.store import CompactedPrefix, SummaryStore
 from proxy.store.stores import open_store
-from tests import test_store as contract
 from tests.redis_server import PASSWORD, RedisServer, redis_server, secured_redis  # noqa: F401  (fixtures)
-from tests.test_store import OTHER_TENANT, TENANT, TTL, history, record_for
+from tests.store import test_store as contract
+from tests.store.test_store import OTHER_TENANT, TENANT, TTL, history, record_for
 
 FAST_RETRY = (0.05, 0.2)
 
@@ -51,7 +51,7 @@ async def store(redis_server: RedisServer) -> AsyncIterator[RedisStore]:  # noqa
     await opened.close()
 
 
-# --- the contract every store passes (tests/test_store.py), run against Redis ------------------------------
+# --- the contract every store passes (tests/store/test_store.py), run against Redis ------------------------------
 
 CONTRACT: list[Callable[[contract.StoreMaker], Coroutine[Any, Any, None]]] = [
     contract.test_put_then_get,

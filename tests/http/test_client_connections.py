@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 
 from proxy.http.client_connections import ACCEPT_BURST, HEADROOM, ClientConnections, client_capacity
+from tests.e2e.test_timeouts import closed_by_peer, open_idle_sockets, proxy_process
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.test_timeouts import closed_by_peer, open_idle_sockets, proxy_process
 
 LIMIT = 256
 IDLE_SOCKETS = 300

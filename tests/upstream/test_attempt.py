@@ -1,4 +1,4 @@
-"""A whole upstream answer judged once: overflow or not, and its usage, from one decoding of its JSON."""
+"""A whole upstream answer judged once, by its dialect: overflow or not, and its usage, from one JSON decoding."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ from typing import Any
 
 import pytest
 
+from proxy.core.usage import Usage
+from proxy.dialects.chat import CHAT
 from proxy.upstream.attempt import _judged
 from proxy.upstream.overflow import detect_context_overflow
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+READ = Usage(12, 3)  # USAGE as the chat dialect reads it
 
 
 def answer(**fields: Any) -> bytes:
@@ -24,8 +27,8 @@ OVERFLOW_ERROR = json.dumps({"error": {"message": "This model's maximum context 
 
 
 @pytest.mark.parametrize(("status", "body", "expected"), [
-    pytest.param(200, answer(usage=USAGE), (False, USAGE), id="an answer with usage"),
-    pytest.param(200, b"\n  " + answer(usage=USAGE), (False, USAGE), id="leading whitespace"),
+    pytest.param(200, answer(usage=USAGE), (False, READ), id="an answer with usage"),
+    pytest.param(200, b"\n  " + answer(usage=USAGE), (False, READ), id="leading whitespace"),
     pytest.param(200, answer(), (False, None), id="no usage"),
     pytest.param(200, answer(usage={}), (False, None), id="empty usage"),
     pytest.param(200, answer(usage="lots"), (False, None), id="usage not an object"),
@@ -39,10 +42,10 @@ OVERFLOW_ERROR = json.dumps({"error": {"message": "This model's maximum context 
     pytest.param(200, b"", (False, None), id="empty"),
 ])
 def test_an_answer_is_judged_once(status: int, body: bytes, expected: tuple[bool, Any]) -> None:
-    assert _judged(status, body) == expected
+    assert _judged(status, body, CHAT) == expected
 
 
 @pytest.mark.parametrize("body", [answer(usage=USAGE), OVERFLOW_ERROR, b'{"error": "quota"}', b"not json", b"[]"])
 @pytest.mark.parametrize("status", [200, 400, 429, 500])
 def test_the_verdict_is_the_overflow_detectors(status: int, body: bytes) -> None:
-    assert _judged(status, body)[0] == detect_context_overflow(status, body)
+    assert _judged(status, body, CHAT)[0] == detect_context_overflow(status, body)

@@ -9,9 +9,9 @@ import aiohttp
 import pytest
 
 from tests.conftest import ProxyFactory
+from tests.e2e.test_compaction_e2e import big_history, compaction_config
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
-from tests.test_compaction_e2e import big_history, compaction_config
 
 WINDOW = 8192
 

@@ -16,10 +16,10 @@ from aiohttp import web
 from proxy.http.request_log import CLIENT_CLOSED, on_response_prepare, request_log, sane_request_id
 from proxy.request_context import annotate, current_request_id
 from tests.conftest import ProxyFactory
+from tests.e2e.test_compaction_e2e import big_history, compaction_config
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
 from tests.sdk import async_client
-from tests.test_compaction_e2e import big_history, compaction_config
 
 MARKER_TEXT = "zebra-quartz-marker-5521"
 MARKER_KEY = "sk-reqlog-marker-key-99e1c7"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ROWS = (
     "small c=1 p50 (ms)", "small c=1 p99 (ms)", "small c=1 added p50 vs direct (ms)",
     "small c=32 throughput (req/s)", "small c=32 throughput / direct (x)", "small c=32 CPU per request (ms)",

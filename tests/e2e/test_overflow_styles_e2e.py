@@ -12,11 +12,11 @@ import pytest
 
 from proxy.upstream.overflow import context_limit_from_error
 from tests.conftest import ProxyFactory
+from tests.e2e.test_compaction_e2e import WINDOW, big_history, compaction_config
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import Overflow, WindowedModel
-from tests.test_compaction_e2e import WINDOW, big_history, compaction_config
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 CORPUS = [entry for name in ("overflow_public.json", "overflow_more.json")
           for entry in json.loads((FIXTURES / name).read_text())]
 # Some name windows below 2,048 tokens (512, 1,024, 1,500), smaller than this harness's summariser prompt and

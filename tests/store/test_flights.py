@@ -17,12 +17,12 @@ from proxy.store.flights import Announcements, Build, Lease, LocalFlights, Redis
 from proxy.store.redis_store import RedisStore
 from proxy.store.store import CompactedPrefix, MemoryStore
 from tests.conftest import ProxyFactory
+from tests.e2e.test_compaction_e2e import big_history, calibrated, compaction_config, model, user_turn  # noqa: F401
 from tests.fakes.windowed import WindowedModel
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 from tests.sdk import async_client
-from tests.test_compaction_e2e import big_history, calibrated, compaction_config, model, user_turn  # noqa: F401
-from tests.test_redis_store import Errors, make
-from tests.test_store import TENANT, TTL, history, record_for
+from tests.store.test_redis_store import Errors, make
+from tests.store.test_store import TENANT, TTL, history, record_for
 
 CHAIN = hash_chain(history(6), TENANT)
 KEY = CHAIN[3]

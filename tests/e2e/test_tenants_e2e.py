@@ -8,10 +8,10 @@ import pytest
 
 from proxy.core.tenants import namespace_for, tenant_namespace
 from tests.conftest import ProxyFactory
+from tests.e2e.test_compaction_e2e import WINDOW, big_history, compaction_config
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
 from tests.sdk import async_client
-from tests.test_compaction_e2e import WINDOW, big_history, compaction_config
 
 TENANT_HEADER = "x-tenant"
 HISTORY_TURNS = 20

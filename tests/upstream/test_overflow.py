@@ -26,7 +26,7 @@ from proxy.upstream.overflow import (
     detect_context_overflow,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 CORPUS: list[dict[str, Any]] = json.loads((FIXTURES / "overflow_public.json").read_text(encoding="utf-8"))
 # More providers' bodies, found verbatim in public issues and source code; same entry format, each with its source.
 MORE: list[dict[str, Any]] = json.loads((FIXTURES / "overflow_more.json").read_text(encoding="utf-8"))

@@ -14,11 +14,11 @@ import aiohttp
 import yaml
 from aiohttp import web
 
+from tests.e2e.test_compaction_e2e import SYSTEM, WINDOW, user_turn
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.summariser_requests import is_summarizer_request
 from tests.fakes.windowed import WindowedModel
 from tests.proxy_process import ProxyProcess, proxy_process, refused
-from tests.test_compaction_e2e import SYSTEM, WINDOW, user_turn
 
 
 def config_file(tmp_path: Path, fake: FakeUpstream, **overrides: Any) -> Path:

@@ -10,16 +10,16 @@ import aiohttp
 import pytest
 
 from tests.conftest import ProxyFactory
+from tests.e2e.test_compaction_e2e import WINDOW, big_history, compaction_config
+from tests.e2e.test_keys import CLIENT_UPSTREAM_KEY, OPERATOR_KEY, PROXY_KEY
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
 from tests.sdk import async_client
 from tests.secrets_scan import assert_no_secrets, find_secrets
-from tests.test_compaction_e2e import WINDOW, big_history, compaction_config
-from tests.test_keys import CLIENT_UPSTREAM_KEY, OPERATOR_KEY, PROXY_KEY
 
 pytest_plugins = ["pytester"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 INNER_TIMEOUT = 120
 
 LEAKING_SUITE = f'''

@@ -26,15 +26,15 @@ from proxy.config import ConfigError, open_relay_problem, settings_from_mapping
 from proxy.log_filters import RedactSecrets, mask_url, redact
 from proxy.upstream.upstream import request_headers
 from tests.conftest import ProxyFactory
+from tests.e2e.test_compaction_e2e import WINDOW, big_history, compaction_config
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
 from tests.ports import free_port
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 from tests.sdk import async_client
 from tests.test_cli import wait_until_healthy, write
-from tests.test_compaction_e2e import WINDOW, big_history, compaction_config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "config.example.yaml"
 PROXY_KEY = "proxy-key-7f3e9a1b2c"
 OTHER_PROXY_KEY = "proxy-key-second-55d0"

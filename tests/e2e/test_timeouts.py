@@ -24,7 +24,7 @@ from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 
 MIB = 1024 * 1024
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 async def closed_after(reader: asyncio.StreamReader, limit: float) -> tuple[bytes, float]:

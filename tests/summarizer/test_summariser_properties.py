@@ -22,11 +22,11 @@ from proxy.app import RunningServer, start_server
 from proxy.config import settings_from_mapping
 from proxy.summarizer.model_client import reply_bound
 from proxy.summarizer.summary import FIELD_NAMES
+from tests.e2e.test_hostile_summariser import IN_FLIGHT_SLACK
 from tests.fakes.hostile_summariser import ENDLESS_CAP, HostileSummariser, history
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
 from tests.fakes.serving import serve_app
 from tests.fakes.windowed import WindowedModel
-from tests.test_hostile_summariser import IN_FLIGHT_SLACK
 
 T = TypeVar("T")
 WINDOW = 8192

@@ -264,7 +264,7 @@ async def test_concurrent_streams_all_complete(proxy: RunningServer) -> None:
 async def test_stale_pooled_connection_is_retried_once(make_proxy: ProxyFactory) -> None:
     """A server that answers one request per connection and drops the next one unanswered, like a server that
     closes a kept-alive connection just as the proxy reuses it. An idempotent GET is retried on a new connection;
-    a POST the server may have read never is (tests/test_no_second_copy.py)."""
+    a POST the server may have read never is (tests/e2e/test_no_second_copy.py)."""
     answered = 0
 
     async def one_answer_per_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

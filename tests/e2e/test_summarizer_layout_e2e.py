@@ -9,11 +9,11 @@ import pytest
 
 from proxy.summarizer.templates import Templates
 from tests.conftest import ProxyFactory
+from tests.e2e.test_compaction_e2e import TOOLS, big_history, calibrated, compaction_config
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.summariser_requests import layout_of
 from tests.fakes.windowed import WindowedModel
 from tests.sdk import async_client
-from tests.test_compaction_e2e import TOOLS, big_history, calibrated, compaction_config
 
 # A history past the proactive trigger by a round or two, where an agent's loop meets it: the prefix then fits
 # the summariser's window with the ask beside it. (At 20 rounds, 94 % of the window, it does not, and the

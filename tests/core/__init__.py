@@ -1,0 +1,1 @@
+"""Tests of proxy/core, a file per module."""

@@ -1,0 +1,1 @@
+"""Tests of proxy/dialects, a file per module."""

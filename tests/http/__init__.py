@@ -1,0 +1,1 @@
+"""Tests of proxy/http, a file per module."""

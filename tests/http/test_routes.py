@@ -1,0 +1,44 @@
+"""proxy.http.routes: the route constants, and the bounded route label of any request path."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.http.routes import API_PREFIX, CHAT_PATH, OPEN_PATHS, route_of
+
+LABELS = {"chat", "passthrough", "healthz", "readyz", "metrics", "other"}
+
+
+def test_route_constants() -> None:
+    assert CHAT_PATH == "/v1/chat/completions"
+    assert API_PREFIX == "/v1/"
+    assert OPEN_PATHS == frozenset({"/healthz", "/readyz", "/metrics"})
+    paths = [CHAT_PATH, API_PREFIX, *sorted(OPEN_PATHS)]
+    assert len(set(paths)) == len(paths) == 5
+    assert CHAT_PATH.startswith(API_PREFIX) and not any(path.startswith(API_PREFIX) for path in OPEN_PATHS)
+
+
+@pytest.mark.parametrize(("path", "label"), [
+    ("/v1/chat/completions", "chat"),
+    ("/v1/chat/completions/", "passthrough"),
+    ("/v1/chat/completions?stream=1", "passthrough"),
+    ("/v1/models", "passthrough"),
+    ("/v1/", "passthrough"),
+    ("/v1/\ud800", "passthrough"),
+    ("/v1", "other"),
+    ("/V1/models", "other"),
+    ("/healthz", "healthz"),
+    ("/readyz", "readyz"),
+    ("/metrics", "metrics"),
+    ("/healthz/", "other"),
+    ("//healthz", "other"),
+    ("/HEALTHZ", "other"),
+    ("healthz", "other"),
+    ("", "other"),
+    ("/", "other"),
+    ("/\ud800", "other"),
+    ("/x" * 100_000, "other"),
+])
+def test_route_of(path: str, label: str) -> None:
+    assert route_of(path) == label
+    assert label in LABELS

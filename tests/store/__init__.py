@@ -1,0 +1,1 @@
+"""Tests of proxy/store, a file per module."""

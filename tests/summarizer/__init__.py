@@ -1,0 +1,1 @@
+"""Tests of proxy/summarizer, a file per module."""

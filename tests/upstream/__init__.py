@@ -1,0 +1,1 @@
+"""Tests of proxy/upstream, a file per module."""
