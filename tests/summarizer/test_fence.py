@@ -15,6 +15,12 @@ def longest_run(text: str) -> int:
 
 
 @pytest.mark.parametrize(("code", "expected"), [
+    ("x = 1", "```\nx = 1\n```"),
+    ("x = 1\n", "```\nx = 1\n```"),
+    ("", "```\n\n```"),
+    ("use `a` and ``b``", "```\nuse `a` and ``b``\n```"),
+    ("```bash\nls\n```", "````\n```bash\nls\n```\n````"),
+    ("````\nfour\n````", "`````\n````\nfour\n````\n`````"),
     ("a`b`c", "```\na`b`c\n```"),
     ("``", "```\n``\n```"),
     ("```", "````\n```\n````"),

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from proxy.summarizer.fence import inline_code
-from proxy.summarizer.summary import MAX_DECODES, FileNote, StructuredSummary, code_fence, summary_text
+from proxy.summarizer.summary import MAX_DECODES, FileNote, StructuredSummary, summary_text
 from proxy.summarizer.templates import Templates
 
 
@@ -188,21 +188,6 @@ def test_lenient_coercion(raw: dict[str, Any], attribute: str, expected: Any) ->
 )
 def test_is_empty_looks_only_at_the_nine_fields(summary: StructuredSummary, empty: bool) -> None:
     assert summary.is_empty is empty
-
-
-@pytest.mark.parametrize(
-    ("code", "expected"),
-    [
-        ("x = 1", "```\nx = 1\n```"),
-        ("x = 1\n", "```\nx = 1\n```"),
-        ("", "```\n\n```"),
-        ("use `a` and ``b``", "```\nuse `a` and ``b``\n```"),
-        ("```bash\nls\n```", "````\n```bash\nls\n```\n````"),
-        ("````\nfour\n````", "`````\n````\nfour\n````\n`````"),
-    ],
-)
-def test_code_fence_outruns_every_backtick_run(code: str, expected: str) -> None:
-    assert code_fence(code) == expected
 
 
 @pytest.mark.parametrize(("text", "expected"), [
