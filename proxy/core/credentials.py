@@ -10,7 +10,7 @@ from proxy.core.fingerprint import HASH_ERRORS, canonical_json
 # A client may present its proxy key here, keeping Authorization for its own upstream key.
 PROXY_KEY_HEADER = "x-proxy-api-key"
 # Every header a client identifies itself with, to the proxy or to the upstream.
-_CREDENTIAL_HEADERS = frozenset({PROXY_KEY_HEADER, "authorization", "x-api-key", "api-key"})
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", PROXY_KEY_HEADER)
 # What travels with a request the proxy makes on a caller's behalf (the summariser's, window discovery's): only what
 # identifies the caller, never the rest of the client's request.
 UPSTREAM_CREDENTIAL_HEADERS = ("authorization", "x-api-key", "openai-organization", "openai-project", "api-key")
@@ -37,7 +37,7 @@ def presents_one_of(headers: Mapping[str, str], keys: Sequence[bytes]) -> bool:
 def presented_credentials(headers: Mapping[str, str]) -> str | None:
     """Every credential header a client sent, in a canonical form (names folded, sorted); None without any."""
     found = sorted((name.lower(), value.strip()) for name, value in headers.items()
-                   if name.lower() in _CREDENTIAL_HEADERS and value.strip())
+                   if name.lower() in CREDENTIAL_HEADERS and value.strip())
     return canonical_json(found).decode("utf-8", HASH_ERRORS) if found else None
 
 

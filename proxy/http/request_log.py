@@ -18,6 +18,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from proxy import request_context
 from proxy.config import Settings
+from proxy.core.credentials import CREDENTIAL_HEADERS
 from proxy.core.fingerprint import HASH_ERRORS
 from proxy.headers import log_fields
 from proxy.http.routes import route_of
@@ -33,8 +34,6 @@ MAX_PATH = 256
 # Printable ASCII without the space: nothing that can end a header, start a log line or hide in a terminal.
 _SANE_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_REQUEST_ID}}}")
 _PROBES = frozenset({"healthz", "readyz", "metrics"})
-# Headers a client presents credentials in; an id equal to one of their values is a key sent by mistake.
-_CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-proxy-api-key")
 # nginx's status for "the client closed the connection before an answer was sent": no real response has it.
 CLIENT_CLOSED = 499
 
@@ -77,7 +76,8 @@ def sane_request_id(value: str, credentials: Iterable[bytes] = ()) -> bool:
 def _presented(headers: Mapping[str, str]) -> list[bytes]:
     """Values of the client's credential headers, whole and without their scheme (a bearer token)."""
     values: list[bytes] = []
-    for name in _CREDENTIAL_HEADERS:
+    # An id equal to a credential header's value is a key sent by mistake.
+    for name in CREDENTIAL_HEADERS:
         value = headers.get(name, "").strip()
         if value:
             values.append(value.encode("utf-8", HASH_ERRORS))
