@@ -20,6 +20,7 @@ from proxy.config import Settings
 from proxy.core.calibration import Calibration
 from proxy.core.history_index import HistoryIndex
 from proxy.core.tokens import TokenCounter
+from proxy.dialects.catalog import ROUTES
 from proxy.http import handlers
 from proxy.http.appkeys import METRICS, RUNTIME, SETTINGS
 from proxy.http.middleware import count_requests, openai_errors, require_proxy_key
@@ -60,7 +61,8 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/healthz", handlers.healthz)
     app.router.add_get("/readyz", handlers.readyz)
     app.router.add_get("/metrics", handlers.metrics)
-    app.router.add_post("/v1/chat/completions", handlers.chat_completions)
+    for path, dialect in ROUTES.items():
+        app.router.add_post(path, handlers.compacting(dialect))
     app.router.add_route("*", "/v1/{tail:.*}", handlers.passthrough)
     return app
 

@@ -6,10 +6,10 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from proxy.compaction.compactor import Compactor, Conversation, Flight
 from proxy.config import Settings
@@ -23,8 +23,8 @@ from proxy.core.plan import last_input_tokens
 from proxy.core.tenants import namespace_for
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage
-from proxy.dialects.chat import CHAT
-from proxy.dialects.chat_request import ChatCall
+from proxy.core.view import View
+from proxy.dialects.call import Call
 from proxy.dialects.dialect import Dialect
 from proxy.errors import ProxyError
 from proxy.headers import (
@@ -46,12 +46,15 @@ from proxy.upstream.upstream import Upstream
 from proxy.upstream.windows import ContextWindows
 
 log = logging.getLogger("proxy.pipeline")
+C = TypeVar("C", bound=Call)
+
 
 @dataclass
-class Journey:
+class Journey(Generic[C]):
     """The state of one request as it moves through the pipeline."""
 
-    call: ChatCall
+    call: C
+    view: View  # the client's conversation, neutral, with the items each message goes back as
     conversation: Conversation
     limits: Limits
     history: History  # the client's messages as the index read them: chain and token counts
@@ -65,10 +68,12 @@ class Journey:
     counted: tuple[list[Message], list[int]] | None = None  # token counts of the last messages counted
 
 
-class ChatPipeline:
-    def __init__(self, settings: Settings, upstream: Upstream, compactor: Compactor, counter: TokenCounter,
-                 calibration: Calibration, windows: ContextWindows, metrics: Metrics,
-                 history: HistoryIndex | None = None, dialect: Dialect[ChatCall] = CHAT) -> None:
+class Pipeline(Generic[C]):
+    """The journey for one client API: its dialect says everything API-shaped, the rest is shared."""
+
+    def __init__(self, dialect: Dialect[C], settings: Settings, upstream: Upstream, compactor: Compactor,
+                 counter: TokenCounter, calibration: Calibration, windows: ContextWindows, metrics: Metrics,
+                 history: HistoryIndex | None = None) -> None:
         self._settings = settings
         self._dialect = dialect
         self._upstream = upstream
@@ -80,21 +85,25 @@ class ChatPipeline:
         self._history = history or HistoryIndex(counter)
         self._background: set[asyncio.Task[Any]] = set()
 
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> C:
+        """The client's request as its dialect reads it (BadRequest when it cannot)."""
+        return self._dialect.parse(body, headers, query)
+
     @asynccontextmanager
-    async def answer(self, call: ChatCall) -> AsyncIterator[Answer]:
+    async def answer(self, call: C) -> AsyncIterator[Answer]:
         """The answer to send; a live upstream stream stays open until the caller leaves the block."""
         async with AsyncExitStack() as stack:
-            messages = self._history_of(call)
-            if messages is None:
+            view = self._history_of(call)
+            if view is None:
                 attempt = await self._forward(call, stack, call.body)
                 yield self._finish(call, attempt, {COMPACTION: "none"}, hide_usage=False)
                 return
             if self._mode(call) == "shadow":
-                yield await self._shadow(call, messages, stack)
+                yield await self._shadow(call, view, stack)
                 return
-            yield await self._journey(call, messages, stack)
+            yield await self._journey(call, view, stack)
 
-    def _mode(self, call: ChatCall) -> str:
+    def _mode(self, call: C) -> str:
         return call.mode or self._settings.compaction.mode
 
     async def close(self) -> None:
@@ -102,7 +111,7 @@ class ChatPipeline:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
 
-    def _history_of(self, call: ChatCall) -> list[Message] | None:
+    def _history_of(self, call: C) -> View | None:
         """The history the journey may compact, or None: compaction off, or the request not compactable."""
         settings = self._settings
         if (not settings.compaction.enabled or self._mode(call) == "off"
@@ -110,27 +119,27 @@ class ChatPipeline:
             return None
         return self._dialect.history(call)
 
-    async def _forward(self, call: ChatCall, stack: AsyncExitStack, body: bytes) -> Attempt:
+    async def _forward(self, call: C, stack: AsyncExitStack, body: bytes) -> Attempt:
         return await send(self._upstream, stack, path=self._dialect.path, reader=self._dialect, query=call.query,
                           headers=call.headers, body=body)
 
-    def _limits(self, call: ChatCall) -> Limits:
+    def _limits(self, call: C) -> Limits:
         config = self._settings.compaction
         return Limits(window=self._windows.window(call.model), threshold=config.threshold if config.proactive else 0,
                       target=config.target, reserve=call.reserved_output(config.reserved_output_tokens),
                       tail_share=config.tail_budget, instruction_share=config.instruction_budget,
                       max_summary_tokens=config.summarizer.max_output_tokens)
 
-    async def _journey(self, call: ChatCall, messages: list[Message], stack: AsyncExitStack) -> Answer:
+    async def _journey(self, call: C, view: View, stack: AsyncExitStack) -> Answer:
         started = time.perf_counter()
         namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
-        history = await self._history.read_off_loop(messages, namespace)
-        conversation = await self._compactor.reuse(messages, history.chain, namespace)
+        history = await self._history.read_off_loop(view.messages, namespace)
+        conversation = await self._compactor.reuse(view.messages, history.chain, namespace)
         # Windows the upstream states are looked up before planning (once per upstream, then cached), so the
         # summariser client built later, background ones included, knows its window without waiting.
         await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
                                     headers=call.headers)
-        journey = Journey(call, conversation, self._limits(call), history, self._raw_overhead(call),
+        journey = Journey(call, view, conversation, self._limits(call), history, self._raw_overhead(call),
                           trigger="reused" if conversation.record else "none")
         summarising = 0.0
         if self._mode(call) == "force" or budget.over_threshold(journey.limits, self._estimate(journey)):
@@ -147,14 +156,14 @@ class ChatPipeline:
         return self._finish(call, attempt, self._headers(journey), hide_usage=self._inject_usage(call),
                             journey=journey)
 
-    async def _shadow(self, call: ChatCall, messages: list[Message], stack: AsyncExitStack) -> Answer:
+    async def _shadow(self, call: C, view: View, stack: AsyncExitStack) -> Answer:
         """Decide as the real journey would, report it, and forward the request exactly as the client sent it."""
         namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
-        history = await self._history.read_off_loop(messages, namespace)
-        conversation = await self._compactor.reuse(messages, history.chain, namespace)
+        history = await self._history.read_off_loop(view.messages, namespace)
+        conversation = await self._compactor.reuse(view.messages, history.chain, namespace)
         await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
                                     headers=call.headers)
-        journey = Journey(call, conversation, self._limits(call), history, self._raw_overhead(call))
+        journey = Journey(call, view, conversation, self._limits(call), history, self._raw_overhead(call))
         before = self._estimate(journey)
         decision = "reused" if conversation.record else "none"
         if budget.over_threshold(journey.limits, before):
@@ -178,7 +187,7 @@ class ChatPipeline:
                              "tokens_before": before, **(plan.as_log() if plan is not None else {})}))
         return self._finish(call, attempt, headers, hide_usage=False)
 
-    async def _react(self, journey: Journey, first: Attempt, stack: AsyncExitStack) -> Attempt:
+    async def _react(self, journey: Journey[C], first: Attempt, stack: AsyncExitStack) -> Attempt:
         """Compact and retry exactly once; the first answer stands if that does not produce a better one."""
         if first.body is not None and self._windows.learn(journey.call.model, context_limit_from_error(first.body)):
             journey.limits = self._limits(journey.call)
@@ -204,7 +213,7 @@ class ChatPipeline:
         journey.failed = False
         return retry
 
-    async def _compact(self, journey: Journey, trigger: str) -> bool:
+    async def _compact(self, journey: Journey[C], trigger: str) -> bool:
         """Summarise, then elide what still does not fit (a huge tool result); True when a summary was applied.
 
         A summary that failed or is backed off marks the journey failed: it is not tried again for this request.
@@ -227,7 +236,7 @@ class ChatPipeline:
             journey.trigger = trigger
         return outcome.record is not None
 
-    def _elide(self, journey: Journey) -> None:
+    def _elide(self, journey: Journey[C]) -> None:
         """Shrink what still does not fit (a huge tool result in the tail); the client's copy stays whole."""
         messages = journey.conversation.messages
         elided = elide_oversized(messages, journey.conversation.replaced, self._counter.count_message,
@@ -235,16 +244,16 @@ class ChatPipeline:
         journey.forwarded = elided.messages
         journey.elided = elided.count
 
-    def _messages(self, journey: Journey) -> list[Message]:
+    def _messages(self, journey: Journey[C]) -> list[Message]:
         return journey.forwarded if journey.elided else journey.conversation.messages
 
-    def _estimate(self, journey: Journey) -> int:
+    def _estimate(self, journey: Journey[C]) -> int:
         return self._calibration.adjust(journey.call.model, self._raw_estimate(journey))
 
-    def _raw_estimate(self, journey: Journey) -> int:
+    def _raw_estimate(self, journey: Journey[C]) -> int:
         return sum(self._message_tokens(journey)) + journey.overhead
 
-    def _message_tokens(self, journey: Journey) -> list[int]:
+    def _message_tokens(self, journey: Journey[C]) -> list[int]:
         """Token counts of the messages as they will be forwarded, counted once per shape of the journey."""
         messages = self._messages(journey)
         if journey.counted is not None and journey.counted[0] is messages:
@@ -260,25 +269,25 @@ class ChatPipeline:
         journey.counted = (messages, tokens)
         return tokens
 
-    def _raw_overhead(self, call: ChatCall) -> int:
+    def _raw_overhead(self, call: C) -> int:
         return self._dialect.overhead(call, self._counter)
 
-    def _overhead(self, journey: Journey) -> int:
+    def _overhead(self, journey: Journey[C]) -> int:
         """What the request costs besides its messages: tool definitions and the reply primer."""
         return self._calibration.adjust(journey.call.model, journey.overhead)
 
-    def _inject_usage(self, call: ChatCall) -> bool:
+    def _inject_usage(self, call: C) -> bool:
         return call.stream and self._settings.compaction.background and not self._dialect.asks_usage(call)
 
-    async def _send(self, journey: Journey, stack: AsyncExitStack) -> Attempt:
+    async def _send(self, journey: Journey[C], stack: AsyncExitStack) -> Attempt:
         call = journey.call
         body = call.body
         inject_usage = self._inject_usage(call)
         if journey.conversation.record is not None or journey.elided or inject_usage:
-            body = self._dialect.forwarded(call, self._messages(journey), ask_usage=inject_usage)
+            body = self._dialect.forwarded(call, journey.view, self._messages(journey), ask_usage=inject_usage)
         return await self._forward(call, stack, body)
 
-    def _headers(self, journey: Journey) -> dict[str, str]:
+    def _headers(self, journey: Journey[C]) -> dict[str, str]:
         headers = {COMPACTION: "failed" if journey.failed else journey.trigger}
         if journey.conversation.record is not None or journey.elided:
             headers[TOKENS_BEFORE] = str(journey.tokens_before or self._original_estimate(journey))
@@ -289,11 +298,11 @@ class ChatPipeline:
             headers[REASON] = journey.reason
         return headers
 
-    def _original_estimate(self, journey: Journey) -> int:
+    def _original_estimate(self, journey: Journey[C]) -> int:
         return self._calibration.adjust(journey.call.model, sum(journey.history.tokens) + journey.overhead)
 
-    def _finish(self, call: ChatCall, attempt: Attempt, headers: dict[str, str], *, hide_usage: bool,
-                journey: Journey | None = None) -> Answer:
+    def _finish(self, call: C, attempt: Attempt, headers: dict[str, str], *, hide_usage: bool,
+                journey: Journey[C] | None = None) -> Answer:
         self._metrics.chat_requests.labels(headers[COMPACTION]).inc()
         annotate(model=call.model, upstream_status=attempt.status)
         learn = journey is not None and attempt.ok
@@ -305,7 +314,7 @@ class ChatPipeline:
         return journey_answer(self._upstream, attempt, headers, tap=self._dialect.tap(hide_usage=hide_usage),
                               on_done=on_done if learn else None)
 
-    def _learn(self, journey: Journey, usage: Usage | None) -> None:
+    def _learn(self, journey: Journey[C], usage: Usage | None) -> None:
         """After a good answer: calibrate the estimate, and start the next summary early if usage is high."""
         if usage is None or not usage.input_tokens:
             return
@@ -319,7 +328,7 @@ class ChatPipeline:
                 journey.limits, prompt_tokens + budget.next_turn_growth(next_input, answer)):
             self._start_background(journey, answer)
 
-    def _start_background(self, journey: Journey, answer_tokens: int) -> None:
+    def _start_background(self, journey: Journey[C], answer_tokens: int) -> None:
         try:
             begun = self._compactor.begin(journey.conversation, journey.limits, model=journey.call.model,
                                           trigger="background", headers=journey.call.headers,

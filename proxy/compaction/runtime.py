@@ -6,16 +6,18 @@ import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
 from proxy.compaction.compactor import Compactor
-from proxy.compaction.pipeline import ChatPipeline
+from proxy.compaction.pipeline import Pipeline
 from proxy.config import Settings
 from proxy.core.calibration import Calibration
 from proxy.core.fingerprint import HASH_ERRORS
 from proxy.core.history_index import HistoryIndex
 from proxy.core.tokens import TokenCounter
+from proxy.dialects.catalog import DIALECTS
 from proxy.metrics import Metrics
 from proxy.store.flights import Build, Flights
 from proxy.store.store import CompactedPrefix, SummaryStore
@@ -79,11 +81,11 @@ class Runtime:
     """
 
     def __init__(self, settings: Settings, upstream: Upstream, windows: ContextWindows,
-                 pipeline: ChatPipeline) -> None:
+                 pipelines: Mapping[str, Pipeline[Any]]) -> None:
         self.settings = settings
         self.upstream = upstream
         self.windows = windows
-        self.pipeline = pipeline
+        self.pipelines = pipelines  # by dialect name
         self.proxy_keys = tuple(key.get_secret_value().encode("utf-8", HASH_ERRORS)
                                 for key in settings.server.api_keys)
         self._in_flight = 0
@@ -108,7 +110,8 @@ class Runtime:
         await self._idle.wait()
 
     async def close(self) -> None:
-        await self.pipeline.close()
+        for pipeline in self.pipelines.values():
+            await pipeline.close()
         await self.windows.close()
 
 
@@ -142,8 +145,9 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
 
     compactor = Compactor(settings, shared.store, counter, templates, metrics, summarizer_model, calibration,
                           shared.flights)
-    pipeline = ChatPipeline(settings, upstream, compactor, counter, calibration, windows, metrics, shared.history)
-    return Runtime(settings, upstream, windows, pipeline)
+    pipelines = {dialect.name: Pipeline(dialect, settings, upstream, compactor, counter, calibration, windows,
+                                        metrics, shared.history) for dialect in DIALECTS}
+    return Runtime(settings, upstream, windows, pipelines)
 
 
 class RuntimeSlot:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from proxy.core.messages import Message
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage, usage_from
+from proxy.core.view import View
 from proxy.dialects.chat_request import ChatCall, encode_json
+from proxy.errors import ProxyError
 from proxy.upstream.overflow import overflow_in_answer
 from proxy.upstream.streaming import UsageTap, usage_of
 
@@ -47,12 +50,15 @@ class ChatDialect:
     name = "chat"
     path = "/chat/completions"
 
-    def history(self, call: ChatCall) -> list[Message] | None:
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> ChatCall:
+        return ChatCall.parse(body, headers, query)
+
+    def history(self, call: ChatCall) -> View | None:
         if call.messages is None or any(name in call.payload for name in SELF_MANAGED_FIELDS):
             return None
-        return call.messages
+        return View(call.messages)  # the messages are the neutral view: no groups, mapped back as they are
 
-    def forwarded(self, call: ChatCall, history: list[Message], *, ask_usage: bool) -> bytes:
+    def forwarded(self, call: ChatCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
         payload = {**call.payload, "messages": history}
         if ask_usage:
             options = call.payload.get("stream_options")
@@ -77,6 +83,9 @@ class ChatDialect:
 
     def tap(self, *, hide_usage: bool) -> ChatTap:
         return ChatTap(hide_usage=hide_usage)
+
+    def error_body(self, error: ProxyError) -> dict[str, Any]:
+        return error.body()  # the proxy's errors are OpenAI-shaped (proxy.errors)
 
 
 CHAT = ChatDialect()

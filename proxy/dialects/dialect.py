@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, TypeVar
 
 from proxy.core.messages import Message
 from proxy.core.tokens import TokenCounter
+from proxy.core.view import View
+from proxy.dialects.call import Call
+from proxy.errors import ProxyError
 from proxy.upstream.answer import StreamTap
 from proxy.upstream.attempt import AnswerReader
 
 # The request type a dialect parses its bodies into (ChatCall for chat completions).
-CallT = TypeVar("CallT", contravariant=True)
+CallT = TypeVar("CallT", bound=Call)
 
 
 class Dialect(AnswerReader, Protocol[CallT]):
-    """One client API over the neutral conversation (today the chat message list, see core.messages).
+    """One client API over the neutral conversation (core.view: chat-shaped messages and the items they came from).
 
     The journey asks a dialect for everything API-shaped: the history it may compact, the body it forwards, the
     upstream path, what the request costs besides its history, usage and overflow in an answer and in a stream."""
@@ -22,12 +26,17 @@ class Dialect(AnswerReader, Protocol[CallT]):
     name: str  # the route's and metrics' name for the API
     path: str  # below the upstream's base URL
 
-    def history(self, call: CallT) -> list[Message] | None:
-        """The conversation the journey may compact; None when the request is not compactable here."""
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> CallT:
+        """The client's request, read once; BadRequest when it cannot be (the proxy's error, in the API's shape)."""
         ...
 
-    def forwarded(self, call: CallT, history: list[Message], *, ask_usage: bool) -> bytes:
-        """The request body with `history` in place of the client's, usage asked for in a stream if `ask_usage`."""
+    def history(self, call: CallT) -> View | None:
+        """The conversation the journey may compact, in the neutral view; None when it is not compactable here."""
+        ...
+
+    def forwarded(self, call: CallT, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
+        """The request body with `history` (the view's messages, compacted) in place of the client's, mapped back
+        through `view`; usage asked for in a stream if `ask_usage`."""
         ...
 
     def overhead(self, call: CallT, counter: TokenCounter) -> int:
@@ -43,3 +52,7 @@ class Dialect(AnswerReader, Protocol[CallT]):
         ...
 
     def tap(self, *, hide_usage: bool) -> StreamTap: ...
+
+    def error_body(self, error: ProxyError) -> dict[str, Any]:
+        """The proxy's own error as this API's clients expect errors to look."""
+        ...

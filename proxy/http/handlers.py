@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
 
 from proxy.core.credentials import presents_one_of
 from proxy.core.fingerprint import HASH_ERRORS
-from proxy.dialects.chat_request import ChatCall
 from proxy.http.appkeys import METRICS, RUNTIME
 from proxy.http.pin import pinned
 from proxy.http.relay import deliver
@@ -18,6 +19,7 @@ from proxy.upstream.answer import Answer
 from proxy.upstream.upstream import UpstreamRequest
 
 API_PREFIX = "/v1"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def upstream_request(request: web.Request, body: bytes) -> UpstreamRequest:
@@ -33,13 +35,19 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         return await deliver(request, Answer.relayed(upstream, response))
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body = await read_body(request)
-    # Parsing (and bounding) a history of many megabytes is CPU work: off the loop when it is that large.
-    query = request.raw_path.partition("?")[2]
-    call = await off_loop_above(LARGE_JSON, len(body), ChatCall.parse, body, request.headers, query)
-    async with pinned(request).pipeline.answer(call) as answer:
-        return await deliver(request, answer)
+def compacting(dialect: str) -> Handler:
+    """The handler of a route the proxy compacts on, through the pipeline of the named dialect."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await read_body(request)
+        pipeline = pinned(request).pipelines[dialect]
+        # Parsing (and bounding) a history of many megabytes is CPU work: off the loop when it is that large.
+        query = request.raw_path.partition("?")[2]
+        call = await off_loop_above(LARGE_JSON, len(body), pipeline.parse, body, request.headers, query)
+        async with pipeline.answer(call) as answer:
+            return await deliver(request, answer)
+
+    return handle
 
 
 async def healthz(request: web.Request) -> web.Response:

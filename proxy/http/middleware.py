@@ -1,4 +1,4 @@
-"""The thin middleware stack: proxy authentication, and every proxy-made error in OpenAI's shape."""
+"""The thin middleware stack: proxy authentication, and every proxy-made error in its route's API shape."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from proxy.core.credentials import presents_one_of
-from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized, openai_error_body
+from proxy.dialects.catalog import error_body
+from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.headers import outcome_of
 from proxy.http.appkeys import METRICS
 from proxy.http.relay import abandon_if_started, clear_started
@@ -20,8 +21,9 @@ log = logging.getLogger("proxy.middleware")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def error_response(error: ProxyError) -> web.Response:
-    return web.json_response(error.body(), status=error.status)
+def error_response(error: ProxyError, path: str = "") -> web.Response:
+    """The error as its route's API shapes errors (OpenAI's on every route but another dialect's own)."""
+    return web.json_response(error_body(path, error), status=error.status)
 
 
 @web.middleware
@@ -41,7 +43,8 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
 
 @web.middleware
 async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """ProxyError, aiohttp's own HTTP errors and crashes all become OpenAI-shaped JSON, never a traceback.
+    """ProxyError, aiohttp's own HTTP errors and crashes all become JSON in the route's API shape (OpenAI's, but
+    on another dialect's route), never a traceback.
 
     Only before the response started: after it, an error response cannot be sent, so the connection is closed.
     """
@@ -50,23 +53,22 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
         return await handler(request)
     except Exception as error:  # noqa: BLE001  # every failure is answered (or, once started, cut) here
         started = abandon_if_started(request, error)
-        return started if started is not None else _error_response(request, error)
+        return started if started is not None else error_response(_as_proxy_error(request, error), request.path)
 
 
-def _error_response(request: web.Request, error: Exception) -> web.StreamResponse:
+def _as_proxy_error(request: web.Request, error: Exception) -> ProxyError:
     if isinstance(error, ProxyError):
-        return error_response(error)
+        return error
     if isinstance(error, web.HTTPRequestEntityTooLarge):
-        return error_response(PayloadTooLarge(
-            f"request body exceeds the proxy's limit of {request.client_max_size} bytes"))
+        return PayloadTooLarge(f"request body exceeds the proxy's limit of {request.client_max_size} bytes")
     if isinstance(error, web.HTTPException):
         if error.status < 400:
             raise error  # a redirect is an answer, not an error
-        body = openai_error_body(error.reason, "invalid_request_error", code=str(error.status))
-        return web.json_response(body, status=error.status)
+        refused = ProxyError(error.reason, code=str(error.status))
+        refused.status, refused.error_type = error.status, "invalid_request_error"
+        return refused
     log.error("unhandled error on %s %s", request.method, request.path, exc_info=error)
-    body = openai_error_body("the proxy failed to handle this request", "proxy_error", code="internal_error")
-    return web.json_response(body, status=500)
+    return ProxyError("the proxy failed to handle this request", code="internal_error")
 
 
 def require_proxy_key(accepted: Callable[[web.Request], Sequence[bytes]]) -> Middleware:

@@ -27,8 +27,16 @@ def test_it_is_a_dialect() -> None:
     assert (dialect.name, dialect.path) == ("chat", "/chat/completions")
 
 
-def test_the_history_is_the_messages() -> None:
-    assert CHAT.history(call()) == MESSAGES
+def test_the_history_is_the_messages_and_maps_back_as_they_are() -> None:
+    view = CHAT.history(call())
+    assert view is not None and view.messages == MESSAGES and view.groups == ()
+    summary = {"role": "user", "content": "summary"}
+    assert view.back([summary, *view.messages[1:]], render=lambda made: []) == [summary, *MESSAGES[1:]]
+
+
+def test_parse_reads_a_chat_request() -> None:
+    parsed = CHAT.parse(json.dumps({"model": "m", "messages": MESSAGES}).encode(), CIMultiDict(), "a=1")
+    assert (parsed.model, parsed.messages, parsed.query) == ("m", MESSAGES, "a=1")
 
 
 @pytest.mark.parametrize("field", SELF_MANAGED_FIELDS)
@@ -52,7 +60,10 @@ def test_forwarded_puts_the_history_in_and_asks_usage_only_when_told(options: An
                                                                       expected: Any) -> None:
     fields = {"stream": True, **({"stream_options": options} if options is not None else {})}
     history = [{"role": "user", "content": "summary"}, MESSAGES[-1]]
-    sent = json.loads(CHAT.forwarded(call(**fields), history, ask_usage=ask))
+    request = call(**fields)
+    view = CHAT.history(request)
+    assert view is not None
+    sent = json.loads(CHAT.forwarded(request, view, history, ask_usage=ask))
     assert sent["messages"] == history
     assert sent.get("stream_options") == (expected if expected is not None else options)
     assert sent["model"] == "m" and sent["stream"] is True

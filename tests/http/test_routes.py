@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.http.routes import API_PREFIX, CHAT_PATH, OPEN_PATHS, route_of
+from proxy.dialects.catalog import ROUTES
+from proxy.http.routes import API_PREFIX, OPEN_PATHS, route_of
 
 LABELS = {"chat", "passthrough", "healthz", "readyz", "metrics", "other"}
 
 
 def test_route_constants() -> None:
-    assert CHAT_PATH == "/v1/chat/completions"
+    assert ROUTES == {"/v1/chat/completions": "chat"}
     assert API_PREFIX == "/v1/"
     assert OPEN_PATHS == frozenset({"/healthz", "/readyz", "/metrics"})
-    paths = [CHAT_PATH, API_PREFIX, *sorted(OPEN_PATHS)]
+    paths = [*ROUTES, API_PREFIX, *sorted(OPEN_PATHS)]
     assert len(set(paths)) == len(paths) == 5
-    assert CHAT_PATH.startswith(API_PREFIX) and not any(path.startswith(API_PREFIX) for path in OPEN_PATHS)
+    assert all(path.startswith(API_PREFIX) for path in ROUTES)
+    assert not any(path.startswith(API_PREFIX) for path in OPEN_PATHS)
 
 
 @pytest.mark.parametrize(("path", "label"), [

@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.compaction.pipeline import ChatPipeline
+from proxy.compaction.pipeline import Pipeline
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 
@@ -20,11 +20,11 @@ def broken_learning(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The end-of-answer hook raises, as a bug in it would; the usages it was given are recorded."""
     seen: list[Any] = []
 
-    def learn(self: ChatPipeline, journey: Any, usage: Any) -> None:
+    def learn(self: Pipeline[Any], journey: Any, usage: Any) -> None:
         seen.append(usage)
         raise RuntimeError("a bug in learning")
 
-    monkeypatch.setattr(ChatPipeline, "_learn", learn)
+    monkeypatch.setattr(Pipeline, "_learn", learn)
     return seen
 
 

@@ -1,0 +1,28 @@
+"""The client APIs the proxy compacts, each at its route: the one list the router and the runtime read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.dialects.chat import CHAT
+from proxy.dialects.dialect import Dialect
+from proxy.errors import ProxyError
+
+DIALECTS: tuple[Dialect[Any], ...] = (CHAT,)
+API_PREFIX = "/v1"
+
+
+def route_path(dialect: Dialect[Any]) -> str:
+    """Where clients post to the dialect (the upstream's path below its base URL, under /v1 at the proxy)."""
+    return API_PREFIX + dialect.path
+
+
+# Route path → dialect name, which is also the route's label in metrics and logs.
+ROUTES = {route_path(dialect): dialect.name for dialect in DIALECTS}
+_AT = {route_path(dialect): dialect for dialect in DIALECTS}
+
+
+def error_body(path: str, error: ProxyError) -> dict[str, Any]:
+    """A proxy-made error as the API at `path` shapes its errors; OpenAI's shape everywhere else."""
+    dialect = _AT.get(path)
+    return dialect.error_body(error) if dialect is not None else error.body()

@@ -1,0 +1,37 @@
+"""proxy.dialects.catalog: each dialect at one route, named once; the router serves exactly those routes."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.dialects.catalog import API_PREFIX, DIALECTS, ROUTES, error_body, route_path
+from proxy.dialects.chat import CHAT
+from proxy.errors import BadRequest, Unauthorized
+
+
+def test_chat_completions_is_served_where_clients_post_it() -> None:
+    assert CHAT in DIALECTS
+    assert route_path(CHAT) == "/v1/chat/completions"
+    assert ROUTES["/v1/chat/completions"] == "chat"
+
+
+def test_each_dialect_has_its_own_name_and_route() -> None:
+    names = [dialect.name for dialect in DIALECTS]
+    paths = [route_path(dialect) for dialect in DIALECTS]
+    assert len(set(names)) == len(names) and len(set(paths)) == len(paths)
+    assert ROUTES == dict(zip(paths, names, strict=True))
+    assert all(path.startswith(API_PREFIX + "/") for path in paths)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/models", "/v1/chat/completions/", "/healthz", ""])
+def test_a_proxy_error_takes_the_shape_of_its_route(path: str) -> None:
+    """Chat completions and every route that is no dialect's answer in OpenAI's shape."""
+    error = BadRequest("messages must be a list", param="messages")
+    assert error_body(path, error) == {"error": {"message": "messages must be a list", "type": "invalid_request_error",
+                                                 "param": "messages", "code": None}}
+
+
+def test_each_dialect_shapes_the_proxy_errors_on_its_route() -> None:
+    error = Unauthorized("a valid proxy API key is required")
+    for dialect in DIALECTS:
+        assert error_body(route_path(dialect), error) == dialect.error_body(error)
