@@ -15,7 +15,6 @@ ELSEWHERE = {
     "compaction.compactor": "tests/e2e/test_compaction_e2e.py, test_backoff_e2e.py, test_hostile_summariser.py",
     "compaction.pipeline": "tests/e2e: compaction, shadow, hysteresis, overflow styles, tenants, the agent loop",
     "compaction.runtime": "tests/test_reload.py (swapped whole on reload), tests/e2e/test_shutdown.py",
-    "dialects.call": "a protocol only; mypy --strict checks every dialect's call against it (Dialect's bound)",
     "dialects.dialect": "protocols only; tests/dialects/test_chat.py checks the chat dialect against them",
     "http.appkeys": "typed application keys, read by every handler",
     "http.handlers": "tests/e2e/test_passthrough.py and every end-to-end test",

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.core.messages import TOOL_RESULT_ROLES
-from proxy.dialects.chat_request import MAX_NESTING
+from proxy.dialects.body import MAX_NESTING
 from proxy.summarizer.summary import FIELD_NAMES, StructuredSummary, summary_text
 from proxy.summarizer.transcript import format_message_for_compacting, format_transcript
 from proxy.upstream.streaming import (

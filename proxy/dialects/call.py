@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
+
+from multidict import CIMultiDict
+
+from proxy.dialects.body import decode_body
+from proxy.errors import BadRequest
+from proxy.headers import MODE
+
+MODES = ("off", "auto", "force", "shadow")
 
 
 class Call(Protocol):
@@ -36,3 +44,22 @@ class Call(Protocol):
     def reserved_output(self, default: int) -> int:
         """The output tokens the request asks room for, `default` when it names none."""
         ...
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """The body's JSON object, read through the guards of `dialects.body`; BadRequest for anything else."""
+    payload = decode_body(body)
+    if not isinstance(payload, dict):
+        raise BadRequest("request body must be a JSON object")
+    return payload
+
+
+def client_mode(headers: Mapping[str, str]) -> tuple[str, CIMultiDict[str]]:
+    """The client's x-compaction-mode ("" for none: the configured mode applies), and the headers to forward
+    without it (the header is the proxy's, not the upstream's)."""
+    mode = headers.get(MODE, "").strip().lower()
+    if mode and mode not in MODES:
+        raise BadRequest(f"{MODE} must be one of {', '.join(MODES)}", param=MODE)
+    forwarded = CIMultiDict(headers)
+    forwarded.popall(MODE, None)
+    return mode, forwarded

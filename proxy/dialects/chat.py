@@ -9,7 +9,8 @@ from proxy.core.messages import Message
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage, usage_from
 from proxy.core.view import View
-from proxy.dialects.chat_request import ChatCall, encode_json
+from proxy.dialects.body import encode_json
+from proxy.dialects.chat_request import ChatCall
 from proxy.errors import ProxyError
 from proxy.upstream.overflow import overflow_in_answer
 from proxy.upstream.streaming import UsageTap, usage_of
