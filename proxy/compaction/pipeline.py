@@ -303,7 +303,8 @@ class Pipeline(Generic[C]):
 
     def _finish(self, call: C, attempt: Attempt, headers: dict[str, str], *, hide_usage: bool,
                 journey: Journey[C] | None = None) -> Answer:
-        self._metrics.chat_requests.labels(headers[COMPACTION]).inc()
+        if self._dialect.name == "chat":  # the older counter is chat completions' (every route: requests_total)
+            self._metrics.chat_requests.labels(headers[COMPACTION]).inc()
         annotate(model=call.model, upstream_status=attempt.status)
         learn = journey is not None and attempt.ok
 

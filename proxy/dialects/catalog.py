@@ -6,9 +6,10 @@ from typing import Any
 
 from proxy.dialects.chat import CHAT
 from proxy.dialects.dialect import Dialect
+from proxy.dialects.responses import RESPONSES
 from proxy.errors import ProxyError
 
-DIALECTS: tuple[Dialect[Any], ...] = (CHAT,)
+DIALECTS: tuple[Dialect[Any], ...] = (CHAT, RESPONSES)
 API_PREFIX = "/v1"
 
 

@@ -13,6 +13,7 @@ from aiohttp import web
 
 ChatHook = Callable[[web.Request, dict[str, Any], "FakeUpstream"], Awaitable[web.StreamResponse | None]]
 RawChatHook = Callable[[web.Request, "FakeUpstream"], Awaitable[web.StreamResponse | None]]
+ResponsesHook = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass
@@ -41,6 +42,7 @@ class FakeUpstream:
     gzip: bool = False
     chat_hook: ChatHook | None = None                 # takes over chat completions when it returns a response
     raw_chat_hook: RawChatHook | None = None          # like chat_hook, but before the body is parsed as JSON
+    responses_hook: ResponsesHook | None = None       # serves POST /v1/responses (404 without one)
     url: str = ""
 
     def chat_requests(self) -> list[dict[str, Any]]:
@@ -105,6 +107,7 @@ class FakeUpstreamApp:
         app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[self._record])
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/responses", self.responses)
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_route("*", "/v1/echo/{tail:.*}", self.echo)
         app.router.add_get("/v1/endless", self.endless)
@@ -140,6 +143,11 @@ class FakeUpstreamApp:
         if self.state.gzip:
             response.enable_compression()
         return response
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        if self.state.responses_hook is None:
+            return error(404, "Unknown request URL: POST /v1/responses", "unknown_url")
+        return await self.state.responses_hook(request)
 
     async def stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         response = web.StreamResponse(headers={**_headers("req_stream"), "Content-Type": "text/event-stream"})

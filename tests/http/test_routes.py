@@ -7,15 +7,15 @@ import pytest
 from proxy.dialects.catalog import ROUTES
 from proxy.http.routes import API_PREFIX, OPEN_PATHS, route_of
 
-LABELS = {"chat", "passthrough", "healthz", "readyz", "metrics", "other"}
+LABELS = {"chat", "responses", "passthrough", "healthz", "readyz", "metrics", "other"}
 
 
 def test_route_constants() -> None:
-    assert ROUTES == {"/v1/chat/completions": "chat"}
+    assert ROUTES == {"/v1/chat/completions": "chat", "/v1/responses": "responses"}
     assert API_PREFIX == "/v1/"
     assert OPEN_PATHS == frozenset({"/healthz", "/readyz", "/metrics"})
     paths = [*ROUTES, API_PREFIX, *sorted(OPEN_PATHS)]
-    assert len(set(paths)) == len(paths) == 5
+    assert len(set(paths)) == len(paths) == 6
     assert all(path.startswith(API_PREFIX) for path in ROUTES)
     assert not any(path.startswith(API_PREFIX) for path in OPEN_PATHS)
 
@@ -23,6 +23,9 @@ def test_route_constants() -> None:
 @pytest.mark.parametrize(("path", "label"), [
     ("/v1/chat/completions", "chat"),
     ("/v1/chat/completions/", "passthrough"),
+    ("/v1/responses", "responses"),
+    ("/v1/responses/compact", "passthrough"),
+    ("/v1/responses/resp_1", "passthrough"),
     ("/v1/chat/completions?stream=1", "passthrough"),
     ("/v1/models", "passthrough"),
     ("/v1/", "passthrough"),

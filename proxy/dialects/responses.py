@@ -1,0 +1,110 @@
+"""The Responses API (`POST /v1/responses`), as Codex and the OpenAI Agents SDK speak it: a dialect of the journey."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.core.messages import Message
+from proxy.core.tokens import REPLY_PRIMER, TokenCounter
+from proxy.core.usage import Usage, usage_from
+from proxy.core.view import View
+from proxy.dialects.body import encode_json
+from proxy.dialects.responses_items import as_input_items, render, view_of_input
+from proxy.dialects.responses_request import ResponsesCall
+from proxy.errors import ProxyError
+from proxy.upstream.overflow import overflow_in_answer
+from proxy.upstream.streaming import SseDecoder
+
+# The events that close a response stream, each carrying the whole response with its usage and status.
+_LAST_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def responses_usage(record: Any) -> Usage | None:
+    """`{"input_tokens": .., "output_tokens": ..}` in the neutral form."""
+    usage = record.get("usage") if isinstance(record, dict) else None
+    return usage_from(usage, "input_tokens", "output_tokens") if isinstance(usage, dict) else None
+
+
+class ResponsesTap:
+    """A Responses stream's usage and status, read from its closing event; every byte passes on unchanged (usage is
+    always in the stream, so there is nothing the proxy asked for and must hide)."""
+
+    def __init__(self) -> None:
+        self._decoder = SseDecoder()
+        self.usage: Usage | None = None
+        self.finish_reasons: list[str] = []
+
+    def feed(self, chunk: bytes) -> bytes:
+        self._read(self._decoder.feed(chunk))
+        return chunk
+
+    def finish(self) -> bytes:
+        self._read(self._decoder.flush())
+        return b""
+
+    def _read(self, events: list[Any]) -> None:
+        for event in events:
+            payload = event.json()
+            if not isinstance(payload, dict) or payload.get("type") not in _LAST_EVENTS:
+                continue
+            response = payload.get("response")
+            self.usage = responses_usage(response) or self.usage
+            status = response.get("status") if isinstance(response, dict) else None
+            if isinstance(status, str):
+                self.finish_reasons.append(status)
+
+
+class ResponsesDialect:
+    """The OpenAI Responses API: stateless `input` lists are compacted; a history held upstream is left alone."""
+
+    name = "responses"
+    path = "/responses"
+
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> ResponsesCall:
+        return ResponsesCall.parse(body, headers, query)
+
+    def history(self, call: ResponsesCall) -> View | None:
+        payload = call.payload
+        # The upstream's own context management, or a history it keeps: not the proxy's to shorten.
+        if call.history_upstream or payload.get("context_management") is not None \
+                or payload.get("truncation") == "auto":
+            return None
+        return view_of_input(payload.get("input"))
+
+    def forwarded(self, call: ResponsesCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
+        return encode_json({**call.payload, "input": as_input_items(view.back(history, render))})
+
+    def overhead(self, call: ResponsesCall, counter: TokenCounter) -> int:
+        instructions = call.payload.get("instructions")
+        text = instructions if isinstance(instructions, str) else \
+            json.dumps(instructions, ensure_ascii=False) if instructions is not None else ""
+        return counter.count_text(text) + counter.count_tools(call.payload.get("tools")) + REPLY_PRIMER
+
+    def tools(self, call: ResponsesCall) -> Any:
+        """The function tools in chat's shape, for a summariser that is asked with the conversation's own tools."""
+        tools = call.payload.get("tools")
+        functions = [{"type": "function", "function": {key: tool[key] for key in ("name", "description", "parameters")
+                                                        if key in tool}}
+                     for tool in (tools if isinstance(tools, list) else [])
+                     if isinstance(tool, dict) and tool.get("type") == "function" and isinstance(tool.get("name"), str)]
+        return functions or None
+
+    def asks_usage(self, call: ResponsesCall) -> bool:
+        return True  # a Responses stream always ends with the whole response, usage included
+
+    def overflow(self, payload: Any) -> bool:
+        return overflow_in_answer(payload)
+
+    def usage(self, payload: Any) -> Usage | None:
+        return responses_usage(payload)
+
+    def tap(self, *, hide_usage: bool) -> ResponsesTap:
+        return ResponsesTap()
+
+    def error_body(self, error: ProxyError) -> dict[str, Any]:
+        return error.body()  # the Responses API answers errors in the same {"error": {...}} shape as chat
+
+
+RESPONSES = ResponsesDialect()
