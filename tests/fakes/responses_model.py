@@ -25,6 +25,7 @@ class ResponsesModel:
     window: int = 4000
     parallel_calls: int = 2
     tool: str = "read_file"
+    finish_after: int | None = None  # answer in words, calling no tool, from this many responses on
     received: list[dict[str, Any]] = field(default_factory=list)
     prompts: list[int] = field(default_factory=list)
     reasoning: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> the item as the model wrote it
@@ -56,6 +57,9 @@ class ResponsesModel:
         calls = [{"type": "function_call", "id": f"fc_{turn}_{n}", "call_id": f"call_{turn}_{n}", "name": self.tool,
                   "arguments": json.dumps({"path": f"src/file_{turn}_{n}.py"}), "status": "completed"}
                  for n in range(self.parallel_calls)]
+        if self.finish_after is not None and turn >= self.finish_after:
+            calls = [{"type": "message", "id": f"msg_{turn}", "role": "assistant", "status": "completed",
+                      "content": [{"type": "output_text", "text": f"Done after {turn} rounds.", "annotations": []}]}]
         output = [reasoning, *calls]
         return {"id": f"resp_{turn}", "object": "response", "created_at": 1_700_000_000 + turn, "status": "completed",
                 "model": body.get("model"), "output": output, "error": None, "incomplete_details": None,
