@@ -92,3 +92,29 @@ async def test_an_agent_loop_runs_every_round_past_the_window(stream: bool, mode
     assert first > 5 and "reused" in outcomes[first:]
     assert 1 <= len(summaries) <= 1 + (ROUNDS - first) / 4, (len(summaries), first, outcomes)
     assert "failed" not in outcomes
+
+
+@pytest.mark.parametrize(("style", "stream"), [
+    ("json", False), ("json", True), ("failed_response", False), ("failed_event", True), ("error_event", True),
+])
+async def test_an_overflow_in_any_shape_is_compacted_and_retried_once(style: str, stream: bool, model: ResponsesModel,
+                                                                      make_proxy: ProxyFactory) -> None:
+    """The upstream's window is smaller than the configured one: its refusal — a 400, a failed response, or a
+    stream's response.failed or error event after the preamble — is compacted and retried, and the client sees
+    only the answer."""
+    model.overflow, model.window = style, 3000
+    proxy = await make_proxy({"models": {"default": {"context_window": 100_000}}})
+    client = async_client(proxy.url)
+    items: list[Any] = [{"role": "user", "content": INSTRUCTION}]
+    outcomes = []
+    for _ in range(12):
+        output, outcome = await respond(client, items, stream=stream)
+        outcomes.append(outcome)
+        items += output + [{"type": "function_call_output", "call_id": item["call_id"],
+                            "output": file_text(item["call_id"])} for item in output if item["type"] == "function_call"]
+    assert "reactive" in outcomes and "failed" not in outcomes
+    refused = [prompt for prompt in model.prompts if prompt > model.window]
+    retried = [index for index, prompt in enumerate(model.prompts) if prompt > model.window]
+    # Each refusal was followed by exactly one smaller retry that fit.
+    assert refused and all(model.prompts[index + 1] <= model.window for index in retried)
+    assert [problem for body in model.received for problem in pairing_problems(body, model)] == []

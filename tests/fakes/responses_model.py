@@ -26,6 +26,9 @@ class ResponsesModel:
     parallel_calls: int = 2
     tool: str = "read_file"
     finish_after: int | None = None  # answer in words, calling no tool, from this many responses on
+    # How a prompt past the window is refused: "json" (400), "failed_response" (200, a failed response; streams get
+    # "failed_event"), "failed_event" (a stream's preamble, then response.failed), "error_event" (then `error`).
+    overflow: str = "json"
     received: list[dict[str, Any]] = field(default_factory=list)
     prompts: list[int] = field(default_factory=list)
     reasoning: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> the item as the model wrote it
@@ -43,11 +46,28 @@ class ResponsesModel:
         prompt = self.prompt_tokens(body)
         self.prompts.append(prompt)
         if prompt + int(body.get("max_output_tokens") or 0) > self.window:
-            return web.json_response(OVERFLOW, status=400)
+            return await self._refuse(request, body)
         response = self._response(body, prompt)
         if body.get("stream"):
             return await _stream(request, response)
         return web.json_response(response)
+
+    async def _refuse(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        style = self.overflow
+        if style == "json" or (not body.get("stream") and style != "failed_response"):
+            return web.json_response(OVERFLOW, status=400)
+        failed = {"id": "resp_failed", "object": "response", "created_at": 0, "status": "failed", "output": [],
+                  "error": {"code": "context_length_exceeded", "message": OVERFLOW["error"]["message"]},
+                  "usage": None}
+        if not body.get("stream"):
+            return web.json_response(failed)
+        pending = {**failed, "status": "in_progress", "error": None}
+        events = [{"type": "response.created", "response": pending},
+                  {"type": "response.in_progress", "response": pending}]
+        if style == "error_event":
+            events.append({"type": "error", "error": {**OVERFLOW["error"]}})
+        events.append({"type": "response.failed", "response": failed})
+        return await _write_events(request, events)
 
     def _response(self, body: dict[str, Any], prompt: int) -> dict[str, Any]:
         turn = next(self._ids)
@@ -71,8 +91,6 @@ class ResponsesModel:
 
 async def _stream(request: web.Request, response: dict[str, Any]) -> web.StreamResponse:
     """Responses SSE: the lifecycle preamble, each output item added and done, then response.completed."""
-    stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await stream.prepare(request)
     pending = {**response, "status": "in_progress", "output": [], "usage": None}
     events: list[dict[str, Any]] = [{"type": "response.created", "response": pending},
                                     {"type": "response.in_progress", "response": pending}]
@@ -83,6 +101,12 @@ async def _stream(request: web.Request, response: dict[str, Any]) -> web.StreamR
                            "item_id": item["id"], "delta": item["arguments"]})
         events.append({"type": "response.output_item.done", "output_index": index, "item": item})
     events.append({"type": "response.completed", "response": response})
+    return await _write_events(request, events)
+
+
+async def _write_events(request: web.Request, events: list[dict[str, Any]]) -> web.StreamResponse:
+    stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await stream.prepare(request)
     for number, event in enumerate(events):
         await stream.write(f"event: {event['type']}\ndata: {json.dumps({**event, 'sequence_number': number})}\n\n"
                            .encode())
