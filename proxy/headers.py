@@ -16,8 +16,9 @@ ELIDED = "x-compaction-elided"
 REASON = "x-compaction-reason"
 MODE = "x-compaction-mode"  # a request header: a client's per-request choice
 
-# What compaction did for a chat request (x-compaction), and what it would have done in shadow mode.
-Outcome = Literal["none", "proactive", "reactive", "reused", "failed"]
+# What compaction did for a request (x-compaction), and what it would have done in shadow mode. "not-applicable":
+# the request keeps its history upstream (or asks the upstream to manage it), so the proxy cannot shorten it.
+Outcome = Literal["none", "proactive", "reactive", "reused", "failed", "not-applicable"]
 ShadowDecision = Literal["none", "reused", "proactive", "reactive"]
 OUTCOMES: frozenset[str] = frozenset(get_args(Outcome))
 SHADOW_DECISIONS: frozenset[str] = frozenset(get_args(ShadowDecision))

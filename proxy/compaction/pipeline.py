@@ -96,12 +96,23 @@ class Pipeline(Generic[C]):
             view = self._history_of(call)
             if view is None:
                 attempt = await self._forward(call, stack, call.body)
-                yield self._finish(call, attempt, {COMPACTION: "none"}, hide_usage=False)
+                yield self._finish(call, attempt, self._untouched(call, attempt), hide_usage=False)
                 return
             if self._mode(call) == "shadow":
                 yield await self._shadow(call, view, stack)
                 return
             yield await self._journey(call, view, stack)
+
+    def _untouched(self, call: C, attempt: Attempt) -> dict[str, str]:
+        """The headers of a request forwarded as it came; one the proxy could not help says why."""
+        reason = self._dialect.left_alone(call) if self._settings.compaction.enabled else None
+        if reason is None:
+            return {COMPACTION: "none"}
+        if attempt.overflow:
+            self._metrics.overflow_errors.labels("first").inc()
+            log.warning(json.dumps({"event": "compaction_not_applicable", "request_id": current_request_id(),
+                                    "reason": reason, "route": self._dialect.name}))
+        return {COMPACTION: "not-applicable", REASON: reason}
 
     def _mode(self, call: C) -> str:
         return call.mode or self._settings.compaction.mode

@@ -59,6 +59,9 @@ class ChatDialect:
             return None
         return View(call.messages)  # the messages are the neutral view: no groups, mapped back as they are
 
+    def left_alone(self, call: ChatCall) -> str | None:
+        return None  # chat's requests that are not compacted say "none", as they always have
+
     def forwarded(self, call: ChatCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
         payload = {**call.payload, "messages": history}
         if ask_usage:

@@ -34,6 +34,11 @@ class Dialect(AnswerReader, Protocol[CallT]):
         """The conversation the journey may compact, in the neutral view; None when it is not compactable here."""
         ...
 
+    def left_alone(self, call: CallT) -> str | None:
+        """Why a request the journey may not compact is left to the upstream (its history kept there, the upstream
+        asked to manage it): reported as x-compaction: not-applicable; None for the ordinary "none"."""
+        ...
+
     def forwarded(self, call: CallT, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
         """The request body with `history` (the view's messages, compacted) in place of the client's, mapped back
         through `view`; usage asked for in a stream if `ask_usage`."""

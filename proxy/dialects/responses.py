@@ -66,12 +66,18 @@ class ResponsesDialect:
         return ResponsesCall.parse(body, headers, query)
 
     def history(self, call: ResponsesCall) -> View | None:
-        payload = call.payload
-        # The upstream's own context management, or a history it keeps: not the proxy's to shorten.
-        if call.history_upstream or payload.get("context_management") is not None \
-                or payload.get("truncation") == "auto":
+        if self.left_alone(call) is not None:
             return None
-        return view_of_input(payload.get("input"))
+        return view_of_input(call.payload.get("input"))
+
+    def left_alone(self, call: ResponsesCall) -> str | None:
+        """The upstream's own context management, or a history it keeps: not the proxy's to shorten."""
+        payload = call.payload
+        if call.history_upstream:
+            return "history_upstream"
+        if payload.get("context_management") is not None or payload.get("truncation") == "auto":
+            return "upstream_manages_context"
+        return None
 
     def forwarded(self, call: ResponsesCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
         return encode_json({**call.payload, "input": as_input_items(view.back(history, render))})

@@ -105,3 +105,9 @@ def test_the_tap_reads_usage_and_hides_only_what_it_added() -> None:
     assert passing.feed(chunk + usage) + passing.finish() == chunk + usage
     assert hiding.usage == passing.usage == Usage(12, 1)
     assert hiding.finish_reasons == ["stop"]
+
+
+@pytest.mark.parametrize("fields", [{}, {"context_management": "auto"}, {"messages": []}])
+def test_chat_never_says_not_applicable(fields: dict[str, Any]) -> None:
+    """Chat's requests that are not compacted keep saying x-compaction: none, as they always have."""
+    assert CHAT.left_alone(call(**fields)) is None

@@ -135,3 +135,13 @@ def test_the_proxy_errors_keep_the_openai_shape() -> None:
     error = BadRequest("bad input", param="input")
     assert RESPONSES.error_body(error) == {"error": {"message": "bad input", "type": "invalid_request_error",
                                                      "param": "input", "code": None}}
+
+
+@pytest.mark.parametrize(("fields", "reason"), [
+    ({}, None), ({"truncation": "disabled"}, None), ({"previous_response_id": "resp_1"}, "history_upstream"),
+    ({"conversation": {"id": "conv_1"}}, "history_upstream"), ({"truncation": "auto"}, "upstream_manages_context"),
+    ({"context_management": [{"type": "compaction"}]}, "upstream_manages_context"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, None),
+])
+def test_why_a_request_is_left_to_the_upstream(fields: dict[str, Any], reason: str | None) -> None:
+    assert RESPONSES.left_alone(call(**fields)) == reason

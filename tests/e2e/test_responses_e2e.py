@@ -4,14 +4,16 @@ tool calls, through the proxy to a model that enforces its window — JSON and s
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.fakes.responses_model import ResponsesModel
+from tests.fakes.responses_model import OVERFLOW, ResponsesModel
 from tests.fakes.windowed import WindowedModel
 from tests.sdk import async_client
 
@@ -118,3 +120,36 @@ async def test_an_overflow_in_any_shape_is_compacted_and_retried_once(style: str
     # Each refusal was followed by exactly one smaller retry that fit.
     assert refused and all(model.prompts[index + 1] <= model.window for index in retried)
     assert [problem for body in model.received for problem in pairing_problems(body, model)] == []
+
+
+@pytest.mark.parametrize(("fields", "reason"), [
+    ({"previous_response_id": "resp_0"}, "history_upstream"),
+    ({"conversation": "conv_1"}, "history_upstream"),
+    ({"truncation": "auto"}, "upstream_manages_context"),
+])
+async def test_a_history_the_proxy_cannot_shorten_is_forwarded_and_the_proxy_says_why(
+        fields: dict[str, Any], reason: str, model: ResponsesModel, fake: FakeUpstream, make_proxy: ProxyFactory,
+        caplog: pytest.LogCaptureFixture) -> None:
+    model.window = 2000
+    proxy = await make_proxy({"models": {"default": {"context_window": 2000}}})
+    client = async_client(proxy.url)
+    small = await client.responses.with_raw_response.create(model="m", input="hello", **fields)
+    assert small.status_code == 200
+    assert (small.headers["x-compaction"], small.headers["x-compaction-reason"]) == ("not-applicable", reason)
+    big = [{"role": "user", "content": file_text(f"c{n}")} for n in range(30)]
+    with caplog.at_level(logging.WARNING, logger="proxy.pipeline"), pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.create(model="m", input=big, **fields)
+    # The upstream's own answer, untouched; the request was sent once, as the client wrote it.
+    assert refused.value.response.json() == OVERFLOW
+    assert refused.value.response.headers["x-compaction"] == "not-applicable"
+    assert fake.requests[-1].json() == {"model": "m", "input": big, **fields}
+    assert [json.loads(r.getMessage())["reason"] for r in caplog.records
+            if "compaction_not_applicable" in r.getMessage()] == [reason]
+    metrics = await metrics_text(proxy.url)
+    assert 'compaction_proxy_requests_total{compaction="not-applicable",route="responses",status="400"} 1.0' \
+        in metrics
+
+
+async def metrics_text(base: str) -> str:
+    async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as response:
+        return await response.text()
