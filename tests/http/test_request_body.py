@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import zstandard
 
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
@@ -43,6 +44,14 @@ def gzip_bomb(inflated_mib: int = 1024) -> bytes:
     return header + one_mib * inflated_mib + final + trailer
 
 
+@functools.cache
+def zstd_bomb(inflated_mib: int = 1024) -> bytes:
+    """One zstd frame of `inflated_mib` MiB of zeros (a few hundred bytes per GiB at most), built a MiB at a time."""
+    compressor = zstandard.ZstdCompressor(level=1).compressobj()
+    block = bytes(MIB)
+    return b"".join(compressor.compress(block) for _ in range(inflated_mib)) + compressor.flush()
+
+
 def posted(fake: FakeUpstream) -> list[bytes]:
     """Bodies of the POSTs that reached the upstream (window discovery GETs aside)."""
     return [request.body for request in fake.requests if request.method == "POST"]
@@ -52,11 +61,12 @@ def allocated_mib() -> float:
     return tracemalloc.get_traced_memory()[0] / MIB
 
 
-async def send_bomb(url: str, headers: dict[str, str]) -> int | str:
+async def send_bomb(url: str, headers: dict[str, str], encoding: str = "gzip") -> int | str:
     """POST the bomb on its own connection; the status, or the name of the transport error the client saw."""
+    bomb = gzip_bomb() if encoding == "gzip" else zstd_bomb()
     async with aiohttp.ClientSession() as session:
         try:
-            async with session.post(url, data=gzip_bomb(), headers={"Content-Encoding": "gzip", **headers},
+            async with session.post(url, data=bomb, headers={"Content-Encoding": encoding, **headers},
                                     timeout=aiohttp.ClientTimeout(total=30)) as response:
                 body = await response.json()
                 assert set(body["error"]) == {"message", "type", "param", "code"}
@@ -78,11 +88,12 @@ async def watch_health(url: str, stop: asyncio.Event, latencies: list[float]) ->
             await asyncio.sleep(0.01)
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
+@pytest.mark.parametrize(("path", "encoding"), [("/v1/chat/completions", "gzip"), ("/v1/embeddings", "gzip"),
+                                              ("/v1/responses", "zstd")])
 @pytest.mark.parametrize("with_key", [True, False], ids=["with-key", "without-key"])
-async def test_gzip_bombs_neither_block_the_loop_nor_inflate(path: str, with_key: bool, fake: FakeUpstream,
-                                                             make_proxy: ProxyFactory) -> None:
-    gzip_bomb()  # built before the clock starts, and before allocations are traced
+async def test_bombs_neither_block_the_loop_nor_inflate(path: str, encoding: str, with_key: bool, fake: FakeUpstream,
+                                                        make_proxy: ProxyFactory) -> None:
+    gzip_bomb() if encoding == "gzip" else zstd_bomb()  # built before the clock starts and allocations are traced
     proxy = await make_proxy({"server": {"api_keys": ["proxy-key"], "max_body_bytes": LIMIT}})
     headers = {"Authorization": "Bearer proxy-key"} if with_key else {}
     stop, latencies = asyncio.Event(), []
@@ -93,7 +104,7 @@ async def test_gzip_bombs_neither_block_the_loop_nor_inflate(path: str, with_key
         await asyncio.sleep(0.05)
         started = time.monotonic()
         outcomes = await asyncio.wait_for(
-            asyncio.gather(*(send_bomb(f"{proxy.url}{path}", headers) for _ in range(BOMBS))), 60)
+            asyncio.gather(*(send_bomb(f"{proxy.url}{path}", headers, encoding) for _ in range(BOMBS))), 60)
         took = time.monotonic() - started
         await asyncio.sleep(0.1)  # let anything left behind (a lingering drain) show in the probes
         stop.set()
@@ -101,8 +112,9 @@ async def test_gzip_bombs_neither_block_the_loop_nor_inflate(path: str, with_key
         peak = tracemalloc.get_traced_memory()[1] / MIB
     finally:
         tracemalloc.stop()
-    print(f"\n{path} key={with_key}: bombs {outcomes} in {took:.2f}s, /healthz max {max(latencies) * 1000:.0f} ms "
-          f"over {len(latencies)} probes, allocated {before:.0f} -> peak {peak:.0f} MiB")
+    print(f"\n{path} {encoding} key={with_key}: bombs {outcomes} in {took:.2f}s, "
+          f"/healthz max {max(latencies) * 1000:.0f} ms over {len(latencies)} probes, "
+          f"allocated {before:.0f} -> peak {peak:.0f} MiB")
     assert outcomes == [413 if with_key else 401] * BOMBS
     assert max(latencies) < HEALTH_BUDGET
     # Each bomb holds at most the limit (and a bytearray's spare room), whatever it would inflate to.
@@ -110,14 +122,14 @@ async def test_gzip_bombs_neither_block_the_loop_nor_inflate(path: str, with_key
     assert not posted(fake), "a refused body reached the upstream"
 
 
-@pytest.mark.parametrize("encoding", ["gzip", "x-gzip", "deflate", "raw-deflate", "identity"])
+@pytest.mark.parametrize("encoding", ["gzip", "x-gzip", "deflate", "raw-deflate", "zstd", "identity"])
 async def test_compressed_bodies_are_inflated_before_forwarding(encoding: str, fake: FakeUpstream,
                                                                 make_proxy: ProxyFactory) -> None:
     proxy = await make_proxy()
     raw = json.dumps(CHAT_BODY).encode()
     packed = {"gzip": gzip.compress, "x-gzip": gzip.compress, "deflate": zlib.compress,
               "raw-deflate": lambda data: zlib.compress(data, wbits=-zlib.MAX_WBITS),
-              "identity": lambda data: data}[encoding](raw)
+              "zstd": zstandard.ZstdCompressor().compress, "identity": lambda data: data}[encoding](raw)
     header = "deflate" if encoding == "raw-deflate" else encoding
     async with aiohttp.ClientSession() as session:
         for path in ("/v1/chat/completions", "/v1/echo/body"):
@@ -138,8 +150,27 @@ async def test_two_gzip_members_are_one_body(fake: FakeUpstream, make_proxy: Pro
     assert posted(fake) == [raw]
 
 
+async def test_two_zstd_frames_are_one_body(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy()
+    raw = json.dumps(CHAT_BODY).encode()
+    frames = zstandard.ZstdCompressor().compress(raw[:10]) + zstandard.ZstdCompressor().compress(raw[10:])
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{proxy.url}/v1/echo/frames", data=frames,
+                                headers={"Content-Encoding": "zstd"}) as response:
+            assert response.status == 200
+    assert posted(fake) == [raw]
+
+
+ZSTD = zstandard.ZstdCompressor().compress(b'{"a": 1}')
+
+
 @pytest.mark.parametrize(("encoding", "data", "status"), [
     ("br", b"\x0b\x02\x80hello\x03", 415),
+    ("zstd, gzip", gzip.compress(ZSTD), 415),
+    ("zstd", b"not zstd at all", 400),
+    ("zstd", ZSTD[:-3], 400),                                 # cut short: the frame never ends
+    ("zstd", ZSTD + b"trailing", 400),
+    ("zstd", ZSTD * 65, 400),                                 # more frames than a body may have
     ("gzip, gzip", gzip.compress(gzip.compress(b"{}")), 415),
     ("gzip", b"not gzip at all", 400),
     ("gzip", gzip.compress(b'{"a": 1}')[:-6], 400),           # cut short: the stream never ends
@@ -162,12 +193,13 @@ async def test_inflated_size_at_the_limit_passes_and_one_byte_more_is_413(fake: 
     limit = 256 * 1024
     proxy = await make_proxy({"server": {"max_body_bytes": limit}})
     async with aiohttp.ClientSession() as session:
-        for size, status in ((limit, 200), (limit + 1, 413)):
-            async with session.post(f"{proxy.url}/v1/echo/size", data=gzip.compress(b"x" * size),
-                                    headers={"Content-Encoding": "gzip"}) as response:
-                assert response.status == status
-                await response.read()
-    assert [len(body) for body in posted(fake)] == [limit]
+        for encoding, pack in (("gzip", gzip.compress), ("zstd", zstandard.ZstdCompressor().compress)):
+            for size, status in ((limit, 200), (limit + 1, 413)):
+                async with session.post(f"{proxy.url}/v1/echo/size", data=pack(b"x" * size),
+                                        headers={"Content-Encoding": encoding}) as response:
+                    assert response.status == status
+                    await response.read()
+    assert [len(body) for body in posted(fake)] == [limit, limit]
 
 
 async def test_declared_length_over_the_limit_is_refused_before_reading(fake: FakeUpstream,
