@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gzip
+import itertools
 import json
 import struct
 import time
@@ -15,7 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from proxy.errors import BadRequest
+from proxy.http.request_body import inflater_for
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 
@@ -245,3 +250,33 @@ async def test_a_refused_body_ends_its_connection_unread(make_proxy: ProxyFactor
         writer.close()
     assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower()
     assert took < 2, took
+
+
+def inflate(encoding: str, chunks: list[bytes]) -> bytes:
+    """What read_body's loop does with an inflater, without the socket."""
+    inflater = inflater_for(encoding)
+    assert inflater is not None
+    out = b""
+    for chunk in chunks:
+        inflater.feed(chunk)
+        while (piece := inflater.step()) is not None:
+            out += piece
+    inflater.finish()
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=5000), st.lists(st.integers(min_value=0, max_value=6000), max_size=8))
+def test_zstd_inflates_the_same_however_the_body_arrives(raw: bytes, cuts: list[int]) -> None:
+    packed = zstandard.ZstdCompressor().compress(raw * 20)
+    edges = [0, *sorted(min(cut, len(packed)) for cut in cuts), len(packed)]
+    assert inflate("zstd", [packed[a:b] for a, b in itertools.pairwise(edges)]) == raw * 20
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_any_bytes_as_zstd_are_inflated_or_refused_as_a_bad_request(noise: bytes) -> None:
+    try:
+        inflate("zstd", [noise])
+    except BadRequest as refused:
+        assert refused.code == "invalid_body"
