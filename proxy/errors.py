@@ -56,6 +56,15 @@ class UnsupportedEncoding(ProxyError):
     code = "unsupported_content_encoding"
 
 
+class UpgradeRefused(ProxyError):
+    """A WebSocket upgrade: the proxy serves HTTP only. 426 is the answer Codex takes as "use HTTP" at once (any
+    other failed handshake it retries with back-off first)."""
+
+    status = 426
+    error_type = "invalid_request_error"
+    code = "websocket_not_supported"
+
+
 class UpstreamUnreachable(ProxyError):
     status = 502
     error_type = "upstream_error"

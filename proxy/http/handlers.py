@@ -8,6 +8,7 @@ from aiohttp import web
 
 from proxy.core.credentials import presents_one_of
 from proxy.core.fingerprint import HASH_ERRORS
+from proxy.errors import UpgradeRefused
 from proxy.http.appkeys import METRICS, RUNTIME
 from proxy.http.pin import pinned
 from proxy.http.relay import deliver
@@ -29,6 +30,8 @@ def upstream_request(request: web.Request, body: bytes) -> UpstreamRequest:
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
+    if request.headers.get("Upgrade", "").strip().lower() == "websocket":
+        return refuse_upgrade()
     body = await read_body(request)
     upstream = pinned(request).upstream
     async with upstream.open(upstream_request(request, body)) as response:
@@ -48,6 +51,14 @@ def compacting(dialect: str) -> Handler:
             return await deliver(request, answer)
 
     return handle
+
+
+def refuse_upgrade() -> web.Response:
+    """426 for a WebSocket handshake (Codex asks for Responses over WebSocket first), and the connection closed."""
+    refused = UpgradeRefused("WebSocket is not served here: send the request as HTTP POST")
+    response = web.json_response(refused.body(), status=refused.status, headers={"Connection": "close"})
+    response.force_close()
+    return response
 
 
 async def healthz(request: web.Request) -> web.Response:

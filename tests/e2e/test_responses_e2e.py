@@ -3,8 +3,10 @@ tool calls, through the proxy to a model that enforces its window — JSON and s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -153,3 +155,33 @@ async def test_a_history_the_proxy_cannot_shorten_is_forwarded_and_the_proxy_say
 async def metrics_text(base: str) -> str:
     async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as response:
         return await response.text()
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/chat/completions", "/v1/realtime"])
+async def test_a_websocket_upgrade_is_refused_at_once_with_426(path: str, fake: FakeUpstream,
+                                                               make_proxy: ProxyFactory) -> None:
+    """Codex asks for Responses over WebSocket first and takes a 426 as "use HTTP" at once; anything else it
+    retries with back-off. The answer comes before any upstream is asked, and the connection ends with it."""
+    proxy = await make_proxy()
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    started = time.monotonic()
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                     "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode())
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 5)  # to the end: the proxy closes the connection
+    finally:
+        writer.close()
+    took = time.monotonic() - started
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 426") and b"connection: close" in head.lower(), head
+    assert json.loads(body)["error"]["code"] == "websocket_not_supported"
+    assert took < 1 and fake.requests == []
+
+
+async def test_a_websocket_client_sees_the_refusal_as_a_failed_handshake(make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy()
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await session.ws_connect(f"{proxy.url}/v1/responses")
+    assert refused.value.status == 426
