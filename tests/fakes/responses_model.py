@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,8 @@ class ResponsesModel:
     window: int = 4000
     parallel_calls: int = 2
     tool: str = "read_file"
+    # The JSON arguments of call `n` of turn `turn`.
+    arguments: Callable[[int, int], str] = lambda turn, n: json.dumps({"path": f"src/file_{turn}_{n}.py"})
     finish_after: int | None = None  # answer in words, calling no tool, from this many responses on
     # How a prompt past the window is refused: "json" (400), "failed_response" (200, a failed response; streams get
     # "failed_event"), "failed_event" (a stream's preamble, then response.failed), "error_event" (then `error`).
@@ -75,7 +78,7 @@ class ResponsesModel:
                      "encrypted_content": f"gAAAAB-opaque-{turn}-" + "x" * 40}
         self.reasoning[reasoning["id"]] = reasoning
         calls = [{"type": "function_call", "id": f"fc_{turn}_{n}", "call_id": f"call_{turn}_{n}", "name": self.tool,
-                  "arguments": json.dumps({"path": f"src/file_{turn}_{n}.py"}), "status": "completed"}
+                  "arguments": self.arguments(turn, n), "status": "completed"}
                  for n in range(self.parallel_calls)]
         if self.finish_after is not None and turn >= self.finish_after:
             calls = [{"type": "message", "id": f"msg_{turn}", "role": "assistant", "status": "completed",
