@@ -54,7 +54,8 @@ def test_the_allow_list_names_only_modules_without_a_test_file() -> None:
 def test_every_test_folder_mirrors_a_layer() -> None:
     folders = {path.name for path in TESTS.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
     layers = {path.parent.name for path in sources() if path.name == "__init__.py" and path.parent.name != "proxy"}
-    # Beyond the layers: end-to-end runs, the real-model runs, the benchmarks' logic, and the fakes they share.
-    assert folders - layers == {"e2e", "e2e_real", "bench", "fakes"}
+    # Beyond the layers: end-to-end runs, the real-model runs, a real agent CLI's runs, the benchmarks' logic, and
+    # the fakes they share.
+    assert folders - layers == {"e2e", "e2e_real", "e2e_agents", "bench", "fakes"}
     # The journey's three modules are tested running (see ELSEWHERE), so their folder may be absent.
     assert layers - folders <= {"compaction"}
