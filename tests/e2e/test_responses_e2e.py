@@ -185,3 +185,18 @@ async def test_a_websocket_client_sees_the_refusal_as_a_failed_handshake(make_pr
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await session.ws_connect(f"{proxy.url}/v1/responses")
     assert refused.value.status == 426
+
+
+async def test_shadow_mode_reports_the_decision_and_forwards_byte_for_byte(model: ResponsesModel, fake: FakeUpstream,
+                                                                        make_proxy: ProxyFactory) -> None:
+    model.window = 100_000  # the upstream takes it all; the configured window says a compaction is due
+    proxy = await make_proxy({"models": {"default": {"context_window": 4000}}, "compaction": {"mode": "shadow"}})
+    body = json.dumps({"model": "m", "input": [{"role": "user", "content": file_text(f"c{n}")} for n in range(30)],
+                       "tools": TOOLS}, indent=1).encode()
+    async with aiohttp.ClientSession() as session, session.post(
+            f"{proxy.url}/v1/responses", data=body, headers={"Content-Type": "application/json"}) as response:
+        assert response.status == 200
+        assert (response.headers["x-compaction"], response.headers["x-compaction-shadow"]) == ("none", "proactive")
+        assert int(response.headers["x-compaction-shadow-tokens-after"]) < \
+            int(response.headers["x-compaction-shadow-tokens-before"])
+    assert [request.body for request in fake.requests if request.path == "/v1/responses"] == [body]
