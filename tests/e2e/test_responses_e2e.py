@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -200,3 +201,38 @@ async def test_shadow_mode_reports_the_decision_and_forwards_byte_for_byte(model
         assert int(response.headers["x-compaction-shadow-tokens-after"]) < \
             int(response.headers["x-compaction-shadow-tokens-before"])
     assert [request.body for request in fake.requests if request.path == "/v1/responses"] == [body]
+
+
+CORPUS = [entry for name in ("overflow_public.json", "overflow_more.json")
+          for entry in json.loads((Path(__file__).parents[1] / "fixtures" / name).read_text(encoding="utf-8"))
+          if entry["api"] == "responses"]
+
+
+def long_input(rounds: int = 20) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = [{"role": "user", "content": INSTRUCTION}]
+    for n in range(rounds):
+        call_id = f"call_h{n}"
+        items += [{"type": "function_call", "call_id": call_id, "name": "read_file",
+                   "arguments": json.dumps({"path": f"src/{n}.py"})},
+                  {"type": "function_call_output", "call_id": call_id, "output": file_text(call_id)}]
+    return items
+
+
+@pytest.mark.parametrize("entry", CORPUS, ids=[entry["id"] for entry in CORPUS])
+async def test_the_overflow_corpus_on_the_responses_route(entry: dict[str, Any], model: ResponsesModel,
+                                                          fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    """Each Responses-shaped answer from the corpus, served by the upstream for a prompt past its window: an
+    overflow is compacted and retried once; anything else reaches the client as the upstream sent it."""
+    body = entry["body"] if isinstance(entry["body"], str) else json.dumps(entry["body"])
+    model.window = 3000
+    model.refusal = (entry["status"], body, entry["headers"]["content-type"].split(";")[0])
+    proxy = await make_proxy({"models": {"default": {"context_window": 100_000}}})
+    request = {"model": "m", "input": long_input(), "stream": entry["stream"]}
+    async with aiohttp.ClientSession() as session, session.post(f"{proxy.url}/v1/responses", json=request) as answer:
+        status, outcome, raw = answer.status, answer.headers.get("x-compaction"), await answer.read()
+    if entry["is_context_overflow"]:
+        assert (status, outcome) == (200, "reactive"), raw[:300]
+        assert len(model.received) == 2 and model.prompts[1] <= model.window
+    else:
+        assert (status, raw) == (entry["status"], body.encode()) and outcome == "none"
+        assert len(model.received) == 1

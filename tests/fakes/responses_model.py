@@ -32,6 +32,7 @@ class ResponsesModel:
     # How a prompt past the window is refused: "json" (400), "failed_response" (200, a failed response; streams get
     # "failed_event"), "failed_event" (a stream's preamble, then response.failed), "error_event" (then `error`).
     overflow: str = "json"
+    refusal: tuple[int, str, str] | None = None  # (status, body, content type) served instead, as a provider sent it
     received: list[dict[str, Any]] = field(default_factory=list)
     prompts: list[int] = field(default_factory=list)
     reasoning: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> the item as the model wrote it
@@ -56,6 +57,9 @@ class ResponsesModel:
         return web.json_response(response)
 
     async def _refuse(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        if self.refusal is not None:
+            status, text, content_type = self.refusal
+            return web.Response(status=status, body=text.encode(), content_type=content_type)
         style = self.overflow
         if style == "json" or (not body.get("stream") and style != "failed_response"):
             return web.json_response(OVERFLOW, status=400)
