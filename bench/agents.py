@@ -25,6 +25,8 @@ from proxy.config import settings_from_mapping
 from tests.fakes.agent import AgentModel, run_agent
 from tests.fakes.conversation import run_script
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
+from tests.fakes.responses_agent import run_agent as run_responses_agent
+from tests.fakes.responses_model import ResponsesModel
 from tests.fakes.serving import serve_app
 from tests.fakes.windowed import WindowedModel
 from tests.sdk import async_client
@@ -43,9 +45,12 @@ class Lines(logging.Handler):
             self.events.append(json.loads(message))
 
 
-async def scenario(label: str, model: WindowedModel, window: int, drive: Drive) -> None:
+async def scenario(label: str, model: WindowedModel, window: int, drive: Drive,
+                   responses: ResponsesModel | None = None) -> None:
+    """One row. With `responses`, the agent speaks the Responses API to it and `model` only summarises."""
     fake = FakeUpstream()
     fake.chat_hook = model
+    fake.responses_hook = responses
     runner, url = await serve_app(FakeUpstreamApp(fake).build())
     settings = settings_from_mapping({"upstream": {"base_url": f"{url}/v1"},
                                       "models": {"default": {"context_window": window}}}, env={})
@@ -65,19 +70,26 @@ async def scenario(label: str, model: WindowedModel, window: int, drive: Drive) 
     done = [e for e in lines.events if e.get("event") == "compaction"]
     pairs = [f"{e['tokens_before']}->{e['tokens_after']}" for e in done[:4]]
     after = statistics.median(e["tokens_after"] for e in done) if done else 0
-    print(f"| {label} | {len(model.chat_calls)} | {len(model.summarizer_calls)} | {len(done)} | "
+    requests = len(responses.received) if responses else len(model.chat_calls)
+    largest = max(responses.prompts) if responses else max(r.prompt_tokens for r in model.chat_calls)
+    print(f"| {label} | {requests} | {len(model.summarizer_calls)} | {len(done)} | "
           f"{', '.join(pairs)}{' ...' if len(done) > 4 else ''} (median after {after:.0f}) | "
-          f"{max(r.prompt_tokens for r in model.chat_calls)} / {window} |")
+          f"{largest} / {window} |")
 
 
 async def main() -> None:
-    print("| scenario | chat requests | summariser calls | compactions | summarised tokens before -> after | "
+    print("| scenario | requests | summariser calls | compactions | summarised tokens before -> after | "
           "largest prompt / window |")
     print("| --- | --- | --- | --- | --- | --- |")
     for stream in (False, True):
         await scenario(f"agent, 1 instruction + 60 tool rounds (~310 tokens, 2 parallel calls), "
                        f"{'stream' if stream else 'json'}", AgentModel(window=4000), 4000,
                        lambda client, s=stream: run_agent(client, 60, stream=s))
+    for stream in (False, True):
+        await scenario(f"Responses agent, 1 instruction + 60 tool rounds (2 parallel calls, reasoning items), "
+                       f"{'stream' if stream else 'json'}", WindowedModel(window=32_768), 8000,
+                       lambda client, s=stream: run_responses_agent(client, 60, stream=s),
+                       responses=ResponsesModel(window=8000))
     await scenario("chat, 40 turns, default 1,024 reserve", WindowedModel(window=3000), 3000,
                    lambda client: run_script(client, 40))
     await scenario("chat, 40 turns, max_tokens 256", WindowedModel(window=3000), 3000,

@@ -16,15 +16,13 @@ import pytest
 
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
+from tests.fakes.responses_agent import INSTRUCTION, TOOLS, file_text, respond, run_agent
 from tests.fakes.responses_model import OVERFLOW, ResponsesModel
 from tests.fakes.windowed import WindowedModel
 from tests.sdk import async_client
 
 WINDOW = 8000
 ROUNDS = 60
-INSTRUCTION = "Read every file of the project, one round at a time, and report what each one defines."
-TOOLS = [{"type": "function", "name": "read_file", "description": "Read a file of the project.",
-          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
 
 
 @pytest.fixture
@@ -33,39 +31,6 @@ def model(fake: FakeUpstream) -> ResponsesModel:
     fake.responses_hook = responses
     fake.chat_hook = WindowedModel(window=32_768)  # the summariser's model, on chat completions
     return responses
-
-
-def file_text(call_id: str) -> str:
-    return "\n".join(f"def function_{call_id}_{line}(value): return value * {line}  # FACT-{line}"
-                     for line in range(8))
-
-
-async def respond(client: openai.AsyncOpenAI, items: list[Any], *, stream: bool) -> tuple[list[Any], str]:
-    """One turn: the output items as the client keeps them (as sent, unset fields left out), and x-compaction."""
-    if not stream:
-        raw = await client.responses.with_raw_response.create(model="fake-responses", input=items, tools=TOOLS)
-        output = raw.parse().output
-        return [item.model_dump(exclude_unset=True) for item in output], raw.headers.get("x-compaction", "none")
-    raw_stream = await client.responses.with_raw_response.create(model="fake-responses", input=items, tools=TOOLS,
-                                                                 stream=True)
-    completed = [event.response async for event in raw_stream.parse() if event.type == "response.completed"]
-    assert len(completed) == 1
-    outcome = raw_stream.headers.get("x-compaction", "none")
-    return [item.model_dump(exclude_unset=True) for item in completed[0].output], outcome
-
-
-async def run_agent(client: openai.AsyncOpenAI, *, stream: bool) -> list[str]:
-    items: list[Any] = [{"role": "user", "content": INSTRUCTION}]
-    outcomes = []
-    for _ in range(ROUNDS):
-        output, outcome = await respond(client, items, stream=stream)
-        outcomes.append(outcome)
-        calls = [item for item in output if item["type"] == "function_call"]
-        assert len(calls) == 2
-        items += output
-        items += [{"type": "function_call_output", "call_id": call["call_id"], "output": file_text(call["call_id"])}
-                  for call in calls]
-    return outcomes
 
 
 def pairing_problems(body: dict[str, Any], model: ResponsesModel) -> list[str]:
@@ -86,7 +51,7 @@ def pairing_problems(body: dict[str, Any], model: ResponsesModel) -> list[str]:
 async def test_an_agent_loop_runs_every_round_past_the_window(stream: bool, model: ResponsesModel,
                                                               fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
     proxy = await make_proxy({"models": {"default": {"context_window": WINDOW}}})
-    outcomes = await run_agent(async_client(proxy.url), stream=stream)
+    outcomes = await run_agent(async_client(proxy.url), ROUNDS, stream=stream)
     assert len(model.received) >= ROUNDS and max(model.prompts) <= WINDOW
     assert [problem for body in model.received for problem in pairing_problems(body, model)] == []
     assert all(INSTRUCTION in json.dumps(body["input"]) for body in model.received)
