@@ -13,7 +13,11 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
+from proxy.app import RunningServer
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.responses_agent import INSTRUCTION, TOOLS, file_text, respond, run_agent
@@ -201,3 +205,96 @@ async def test_the_overflow_corpus_on_the_responses_route(entry: dict[str, Any],
     else:
         assert (status, raw) == (entry["status"], body.encode()) and outcome == "none"
         assert len(model.received) == 1
+
+
+# --- property: random Responses bodies through a real proxy --------------------------------------------------
+
+LEAF = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=20))
+ITEM = st.one_of(
+    st.builds(lambda text: {"role": "user", "content": text}, st.text(max_size=300)),
+    st.builds(lambda n, text: {"type": "message", "role": "assistant",
+                               "content": [{"type": "output_text", "text": text}]}, st.integers(0, 3), st.text()),
+    st.builds(lambda n, args: {"type": "function_call", "call_id": f"c{n}", "name": "f", "arguments": args},
+              st.integers(0, 5), st.text(max_size=40)),
+    st.builds(lambda n, out: {"type": "function_call_output", "call_id": f"c{n}", "output": out},
+              st.integers(0, 5), st.text(max_size=400)),
+    st.builds(lambda n: {"type": "reasoning", "id": f"rs_{n}", "summary": [], "encrypted_content": "gAAA" * 10},
+              st.integers(0, 5)),
+    st.dictionaries(st.sampled_from(["type", "role", "content", "call_id", "output", "id"]), LEAF, max_size=4),
+)
+
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[Any]:
+    """A coherent agent history (what the proxy compacts), now and then with a stray item somewhere in it."""
+    items: list[Any] = [{"role": "user", "content": draw(st.text(min_size=1, max_size=200))}]
+    for n in range(draw(st.integers(0, 12))):
+        if draw(st.booleans()):
+            items.append({"type": "reasoning", "id": f"rs_{n}", "summary": [], "encrypted_content": f"gAAA{n}"})
+        items += [{"type": "function_call", "call_id": f"h{n}", "name": "read_file", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": f"h{n}",
+                   "output": draw(st.text(min_size=1, max_size=30)) * draw(st.integers(1, 40))}]
+    if draw(st.integers(0, 4)) == 0:
+        items.insert(draw(st.integers(0, len(items))), draw(ITEM))
+    return items
+
+
+RESPONSES_BODY = st.fixed_dictionaries(
+    {"model": st.just("m"),
+     "input": st.one_of(histories(), histories(), st.text(max_size=200), st.lists(ITEM, max_size=40), LEAF)},
+    optional={"stream": st.booleans(), "previous_response_id": st.sampled_from(["resp_1", "", None]),
+              "instructions": st.one_of(st.text(max_size=80), LEAF), "max_output_tokens": LEAF,
+              "tools": st.one_of(st.just(TOOLS), LEAF)})
+
+
+async def fixed_response(request: web.Request) -> web.StreamResponse:
+    """The upstream's answer to anything: a completed response, streamed when asked."""
+    body = json.loads(await request.read())
+    done = {"id": "resp_x", "object": "response", "status": "completed", "error": None, "output": [],
+            "usage": {"input_tokens": 50, "output_tokens": 5, "total_tokens": 55}}
+    if body.get("stream") is not True:
+        return web.json_response(done, headers={"x-from-upstream": "1"})
+    stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "x-from-upstream": "1"})
+    await stream.prepare(request)
+    event = json.dumps({"type": "response.completed", "response": done})
+    await stream.write(f"event: response.completed\ndata: {event}\n\n".encode())
+    await stream.write_eof()
+    return stream
+
+
+_PROXY: dict[int, RunningServer] = {}
+
+
+@given(body=RESPONSES_BODY)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+async def test_random_responses_bodies_are_answered_never_with_a_5xx(body: dict[str, Any], fake: FakeUpstream,
+                                                                     make_proxy: ProxyFactory) -> None:
+    """Compacted (a 1,500-token window makes long ones due), forwarded, or refused with a 4xx in OpenAI's
+    shape: never a 5xx, and a request the proxy did not shorten reaches the upstream byte for byte."""
+    if fake.responses_hook is not fixed_response:  # the first example; later ones reuse the proxy
+        fake.responses_hook, fake.chat_hook = fixed_response, WindowedModel(window=32_768)
+        _PROXY[id(fake)] = await make_proxy({
+            "models": {"default": {"context_window": 1500}, "summariser": {"context_window": 32_768}},
+            "compaction": {"reserved_output_tokens": 100, "summarizer": {"model": "summariser"}}})
+    proxy = _PROXY[id(fake)]
+    fake.requests.clear()
+    sent = json.dumps(body).encode()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session, session.post(
+            f"{proxy.url}/v1/responses", data=sent, headers={"Content-Type": "application/json"}) as response:
+        answer, outcome = await response.read(), response.headers.get("x-compaction")
+        event(f"status {response.status}, x-compaction {outcome}")
+        if response.headers.get("x-from-upstream") != "1":
+            assert 400 <= response.status < 500, (response.status, answer[:300])
+            assert set(json.loads(answer)["error"]) == {"message", "type", "param", "code"}
+            return
+    assert response.status == 200
+    forwarded = [request.body for request in fake.requests if request.path == "/v1/responses"]
+    assert len(forwarded) == 1
+    if outcome in ("none", "not-applicable"):
+        assert forwarded == [sent]
+    elif outcome == "failed":  # no summary: as it came, or with a tool result too large for the window elided
+        assert forwarded == [sent] or len(forwarded[0]) < len(sent)
+    else:
+        assert outcome in ("proactive", "reused") and len(forwarded[0]) < len(sent)
