@@ -238,6 +238,16 @@ class LoggingConfig(_Frozen):
     access_log: bool = True
 
 
+class ResponsesDialectConfig(_Frozen):
+    # What the upstream speaks to Responses API clients: the Responses API itself, or only chat completions (each
+    # request then goes as a chat completion and its answer comes back in the Responses shape).
+    upstream_api: Literal["responses", "chat"] = "responses"
+
+
+class DialectsConfig(_Frozen):
+    responses: ResponsesDialectConfig = ResponsesDialectConfig()
+
+
 def _default_models() -> dict[str, ModelConfig]:
     return {"default": ModelConfig()}
 
@@ -250,6 +260,7 @@ class Settings(_Frozen):
     models: dict[str, ModelConfig] = Field(default_factory=_default_models)
     store: StoreConfig = StoreConfig()
     logging: LoggingConfig = LoggingConfig()
+    dialects: DialectsConfig = DialectsConfig()
 
     @field_validator("upstream")
     @classmethod

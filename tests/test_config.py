@@ -418,3 +418,17 @@ def test_threshold_from_environment_below_the_target_moves_the_target(threshold:
     settings = settings_from_mapping({}, env={"COMPACTION_THRESHOLD": threshold})
     assert settings.compaction.threshold == float(threshold)
     assert settings.compaction.target == target
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_what_the_upstream_speaks_to_responses_clients(api: str) -> None:
+    settings = settings_from_mapping({"dialects": {"responses": {"upstream_api": api}}}, env={})
+    assert settings.dialects.responses.upstream_api == api
+
+
+@pytest.mark.parametrize(("tree", "fragment"), [
+    ({"dialects": {"responses": {"upstream_api": "auto"}}}, "upstream_api"),
+    ({"dialects": {"messages": {}}}, "messages"),
+])
+def test_dialect_settings_are_checked(tree: dict[str, Any], fragment: str) -> None:
+    assert fragment in invalid(tree)

@@ -323,8 +323,9 @@ class Pipeline(Generic[C]):
             assert journey is not None
             self._learn(journey, usage)
 
-        return journey_answer(self._upstream, attempt, headers, tap=self._dialect.tap(hide_usage=hide_usage),
-                              on_done=on_done if learn else None)
+        return journey_answer(self._upstream, attempt, headers, tap=self._dialect.tap(call, hide_usage=hide_usage),
+                              on_done=on_done if learn else None,
+                              reshape=lambda body: self._dialect.answer_body(call, attempt.status, body))
 
     def _learn(self, journey: Journey[C], usage: Usage | None) -> None:
         """After a good answer: calibrate the estimate, and start the next summary early if usage is high."""

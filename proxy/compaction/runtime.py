@@ -17,7 +17,7 @@ from proxy.core.calibration import Calibration
 from proxy.core.fingerprint import HASH_ERRORS
 from proxy.core.history_index import HistoryIndex
 from proxy.core.tokens import TokenCounter
-from proxy.dialects.catalog import DIALECTS
+from proxy.dialects.catalog import DIALECTS, serving
 from proxy.metrics import Metrics
 from proxy.store.flights import Build, Flights
 from proxy.store.store import CompactedPrefix, SummaryStore
@@ -145,8 +145,8 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
 
     compactor = Compactor(settings, shared.store, counter, templates, metrics, summarizer_model, calibration,
                           shared.flights)
-    pipelines = {dialect.name: Pipeline(dialect, settings, upstream, compactor, counter, calibration, windows,
-                                        metrics, shared.history) for dialect in DIALECTS}
+    pipelines = {dialect.name: Pipeline(serving(dialect, settings), settings, upstream, compactor, counter,
+                                        calibration, windows, metrics, shared.history) for dialect in DIALECTS}
     return Runtime(settings, upstream, windows, pipelines)
 
 

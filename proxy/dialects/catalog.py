@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.config import Settings
 from proxy.dialects.chat import CHAT
 from proxy.dialects.dialect import Dialect
-from proxy.dialects.responses import RESPONSES
+from proxy.dialects.responses import RESPONSES, RESPONSES_OVER_CHAT
 from proxy.errors import ProxyError
 
 DIALECTS: tuple[Dialect[Any], ...] = (CHAT, RESPONSES)
@@ -21,6 +22,13 @@ def route_path(dialect: Dialect[Any]) -> str:
 # Route path → dialect name, which is also the route's label in metrics and logs.
 ROUTES = {route_path(dialect): dialect.name for dialect in DIALECTS}
 _AT = {route_path(dialect): dialect for dialect in DIALECTS}
+
+
+def serving(dialect: Dialect[Any], settings: Settings) -> Dialect[Any]:
+    """The dialect as the configured upstream needs it: Responses clients bridged to a chat-only upstream."""
+    if dialect is RESPONSES and settings.dialects.responses.upstream_api == "chat":
+        return RESPONSES_OVER_CHAT
+    return dialect
 
 
 def error_body(path: str, error: ProxyError) -> dict[str, Any]:

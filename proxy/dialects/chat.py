@@ -85,8 +85,11 @@ class ChatDialect:
     def usage(self, payload: Any) -> Usage | None:
         return chat_usage(usage_of(payload))
 
-    def tap(self, *, hide_usage: bool) -> ChatTap:
+    def tap(self, call: ChatCall, *, hide_usage: bool) -> ChatTap:
         return ChatTap(hide_usage=hide_usage)
+
+    def answer_body(self, call: ChatCall, status: int, body: bytes) -> bytes:
+        return body
 
     def error_body(self, error: ProxyError) -> dict[str, Any]:
         return error.body()  # the proxy's errors are OpenAI-shaped (proxy.errors)

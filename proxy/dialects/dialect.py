@@ -56,7 +56,12 @@ class Dialect(AnswerReader, Protocol[CallT]):
         """Whether the client asked for usage in its stream (then nothing the proxy adds is hidden from it)."""
         ...
 
-    def tap(self, *, hide_usage: bool) -> StreamTap: ...
+    def tap(self, call: CallT, *, hide_usage: bool) -> StreamTap: ...
+
+    def answer_body(self, call: CallT, status: int, body: bytes) -> bytes:
+        """A whole answer as the client gets it: the upstream's bytes, or their translation when the upstream speaks
+        another API (a bridge)."""
+        ...
 
     def error_body(self, error: ProxyError) -> dict[str, Any]:
         """The proxy's own error as this API's clients expect errors to look."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from proxy.core.messages import Message
@@ -11,11 +12,14 @@ from proxy.core.tokens import REPLY_PRIMER, TokenCounter
 from proxy.core.usage import Usage, usage_from
 from proxy.core.view import View
 from proxy.dialects.body import encode_json
+from proxy.dialects.chat import chat_usage
+from proxy.dialects.responses_bridge import ResponsesFromChatStream, chat_request, response_from_chat
 from proxy.dialects.responses_items import as_input_items, render, view_of_input
 from proxy.dialects.responses_request import ResponsesCall
-from proxy.errors import ProxyError
+from proxy.errors import BadRequest, ProxyError
+from proxy.upstream.answer import StreamTap
 from proxy.upstream.overflow import overflow_in_answer
-from proxy.upstream.streaming import SseDecoder
+from proxy.upstream.streaming import SseDecoder, usage_of
 
 # The events that close a response stream, each carrying the whole response with its usage and status.
 _LAST_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -106,11 +110,55 @@ class ResponsesDialect:
     def usage(self, payload: Any) -> Usage | None:
         return responses_usage(payload)
 
-    def tap(self, *, hide_usage: bool) -> ResponsesTap:
+    def tap(self, call: ResponsesCall, *, hide_usage: bool) -> StreamTap:
         return ResponsesTap()
+
+    def answer_body(self, call: ResponsesCall, status: int, body: bytes) -> bytes:
+        return body
 
     def error_body(self, error: ProxyError) -> dict[str, Any]:
         return error.body()  # the Responses API answers errors in the same {"error": {...}} shape as chat
 
 
 RESPONSES = ResponsesDialect()
+
+
+class ResponsesOverChatDialect(ResponsesDialect):
+    """The Responses API in front of an upstream that speaks only chat completions (llama.cpp, older vLLM, many
+    gateways): every request goes as a chat completion, every answer comes back as a response."""
+
+    path = "/chat/completions"
+
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> ResponsesCall:
+        call = ResponsesCall.parse(body, headers, query)
+        if call.history_upstream:
+            raise BadRequest("this proxy's upstream keeps no responses: send the whole input instead of "
+                             "previous_response_id or conversation", param="previous_response_id")
+        view = view_of_input(call.payload.get("input"))
+        if view is None:
+            raise BadRequest("the input holds items a chat-completions upstream cannot take", param="input")
+        return replace(call, body=encode_json(chat_request(call.payload, view.messages)))
+
+    def left_alone(self, call: ResponsesCall) -> str | None:
+        return None  # a chat upstream manages no context of its own: the proxy does
+
+    def forwarded(self, call: ResponsesCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
+        return encode_json(chat_request(call.payload, history))
+
+    def usage(self, payload: Any) -> Usage | None:
+        return chat_usage(usage_of(payload))
+
+    def tap(self, call: ResponsesCall, *, hide_usage: bool) -> StreamTap:
+        return ResponsesFromChatStream(call.payload)
+
+    def answer_body(self, call: ResponsesCall, status: int, body: bytes) -> bytes:
+        if not 200 <= status < 300:
+            return body  # errors keep the upstream's words: both APIs shape them {"error": {...}}
+        try:
+            response = response_from_chat(json.loads(body), call.payload)
+        except ValueError:
+            return body
+        return encode_json(response) if response is not None else body
+
+
+RESPONSES_OVER_CHAT = ResponsesOverChatDialect()

@@ -54,14 +54,15 @@ class Answer:
 
 
 def journey_answer(upstream: Upstream, attempt: Attempt, extra_headers: dict[str, str], *, tap: StreamTap,
-                   on_done: OnDone | None) -> Answer:
-    """The answer to a request that went through the journey, with the compaction headers; a stream is watched by
-    `tap`, and `on_done` sees the usage before the end."""
+                   on_done: OnDone | None, reshape: Callable[[bytes], bytes] | None = None) -> Answer:
+    """The answer to a request that went through the journey, with the compaction headers; a stream is watched (and
+    may be rewritten) by `tap`, a whole body rewritten by `reshape`, and `on_done` sees the usage before the end."""
     headers = attempt.headers.copy()
     headers.update(extra_headers)
     if attempt.response is None:
         _learn_from(on_done, attempt.usage())
-        return Answer(attempt.status, headers, body=attempt.body)
+        body = attempt.body
+        return Answer(attempt.status, headers, body=reshape(body) if reshape is not None and body else body)
     return Answer(attempt.status, headers, chunks=_tapped(upstream, attempt, tap, on_done),
                   reason=attempt.response.reason)
 

@@ -100,7 +100,7 @@ def test_reading_an_answer(payload: Any, usage: Usage | None, overflow: bool) ->
 def test_the_tap_reads_usage_and_hides_only_what_it_added() -> None:
     chunk = b'data: {"choices":[{"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n'
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":1}}\n\n'
-    hiding, passing = CHAT.tap(hide_usage=True), CHAT.tap(hide_usage=False)
+    hiding, passing = CHAT.tap(call(), hide_usage=True), CHAT.tap(call(), hide_usage=False)
     assert hiding.feed(chunk + usage) + hiding.finish() == chunk
     assert passing.feed(chunk + usage) + passing.finish() == chunk + usage
     assert hiding.usage == passing.usage == Usage(12, 1)

@@ -118,7 +118,7 @@ STREAM = b"".join([
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
 def test_a_stream_passes_unchanged_and_its_usage_is_read_however_it_is_split(cuts: list[int]) -> None:
-    tap = RESPONSES.tap(hide_usage=True)
+    tap = RESPONSES.tap(call(), hide_usage=True)
     edges = [0, *sorted(cuts), len(STREAM)]
     relayed = b"".join(tap.feed(STREAM[a:b]) for a, b in itertools.pairwise(edges)) + tap.finish()
     assert relayed == STREAM
