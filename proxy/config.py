@@ -239,9 +239,10 @@ class LoggingConfig(_Frozen):
 
 
 class ResponsesDialectConfig(_Frozen):
-    # What the upstream speaks to Responses API clients: the Responses API itself, or only chat completions (each
-    # request then goes as a chat completion and its answer comes back in the Responses shape).
-    upstream_api: Literal["responses", "chat"] = "responses"
+    # What the upstream speaks to Responses API clients: the Responses API itself, only chat completions (each
+    # request then goes as a chat completion and its answer comes back in the Responses shape), or "auto": the
+    # Responses API until the upstream answers that it has no such route (404 or 405), chat completions from then on.
+    upstream_api: Literal["auto", "responses", "chat"] = "responses"
 
 
 class DialectsConfig(_Frozen):

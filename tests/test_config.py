@@ -420,14 +420,14 @@ def test_threshold_from_environment_below_the_target_moves_the_target(threshold:
     assert settings.compaction.target == target
 
 
-@pytest.mark.parametrize("api", ["responses", "chat"])
+@pytest.mark.parametrize("api", ["auto", "responses", "chat"])
 def test_what_the_upstream_speaks_to_responses_clients(api: str) -> None:
     settings = settings_from_mapping({"dialects": {"responses": {"upstream_api": api}}}, env={})
     assert settings.dialects.responses.upstream_api == api
 
 
 @pytest.mark.parametrize(("tree", "fragment"), [
-    ({"dialects": {"responses": {"upstream_api": "auto"}}}, "upstream_api"),
+    ({"dialects": {"responses": {"upstream_api": "guess"}}}, "upstream_api"),
     ({"dialects": {"messages": {}}}, "messages"),
 ])
 def test_dialect_settings_are_checked(tree: dict[str, Any], fragment: str) -> None:

@@ -7,9 +7,9 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from proxy.compaction.compactor import Compactor, Conversation, Flight
 from proxy.config import Settings
@@ -66,6 +66,16 @@ class Journey(Generic[C]):
     elided: int = 0
     forwarded: list[Message] = field(default_factory=list)
     counted: tuple[list[Message], list[int]] | None = None  # token counts of the last messages counted
+
+
+class Serving(Protocol):
+    """What a route's handler and the runtime use of a pipeline (or of a pair of them, see api_fallback)."""
+
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> Any: ...
+
+    def answer(self, call: Any) -> AbstractAsyncContextManager[Answer]: ...
+
+    async def close(self) -> None: ...
 
 
 class Pipeline(Generic[C]):

@@ -10,14 +10,17 @@ from typing import Any
 
 import aiohttp
 
+from proxy.compaction.api_fallback import ResponsesOrChat
 from proxy.compaction.compactor import Compactor
-from proxy.compaction.pipeline import Pipeline
+from proxy.compaction.pipeline import Pipeline, Serving
 from proxy.config import Settings
 from proxy.core.calibration import Calibration
 from proxy.core.fingerprint import HASH_ERRORS
 from proxy.core.history_index import HistoryIndex
 from proxy.core.tokens import TokenCounter
 from proxy.dialects.catalog import DIALECTS, serving
+from proxy.dialects.dialect import Dialect
+from proxy.dialects.responses import RESPONSES, RESPONSES_OVER_CHAT
 from proxy.metrics import Metrics
 from proxy.store.flights import Build, Flights
 from proxy.store.store import CompactedPrefix, SummaryStore
@@ -81,7 +84,7 @@ class Runtime:
     """
 
     def __init__(self, settings: Settings, upstream: Upstream, windows: ContextWindows,
-                 pipelines: Mapping[str, Pipeline[Any]]) -> None:
+                 pipelines: Mapping[str, Serving]) -> None:
         self.settings = settings
         self.upstream = upstream
         self.windows = windows
@@ -145,8 +148,13 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
 
     compactor = Compactor(settings, shared.store, counter, templates, metrics, summarizer_model, calibration,
                           shared.flights)
-    pipelines = {dialect.name: Pipeline(serving(dialect, settings), settings, upstream, compactor, counter,
-                                        calibration, windows, metrics, shared.history) for dialect in DIALECTS}
+    def pipeline(dialect: Dialect[Any]) -> Pipeline[Any]:
+        return Pipeline(dialect, settings, upstream, compactor, counter, calibration, windows, metrics,
+                        shared.history)
+
+    pipelines: dict[str, Serving] = {dialect.name: pipeline(serving(dialect, settings)) for dialect in DIALECTS}
+    if settings.dialects.responses.upstream_api == "auto":
+        pipelines[RESPONSES.name] = ResponsesOrChat(pipeline(RESPONSES), pipeline(RESPONSES_OVER_CHAT))
     return Runtime(settings, upstream, windows, pipelines)
 
 

@@ -137,7 +137,7 @@ class ResponsesOverChatDialect(ResponsesDialect):
         view = view_of_input(call.payload.get("input"))
         if view is None:
             raise BadRequest("the input holds items a chat-completions upstream cannot take", param="input")
-        return replace(call, body=encode_json(chat_request(call.payload, view.messages)))
+        return replace(call, body=encode_json(chat_request(call.payload, view.messages)), bridged=True)
 
     def left_alone(self, call: ResponsesCall) -> str | None:
         return None  # a chat upstream manages no context of its own: the proxy does

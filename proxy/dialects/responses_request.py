@@ -22,6 +22,7 @@ class ResponsesCall:
     headers: Mapping[str, str]
     query: str
     mode: str
+    bridged: bool = False  # `body` is the request translated into a chat completion (upstream_api: chat)
 
     @classmethod
     def parse(cls, body: bytes, headers: Mapping[str, str], query: str) -> ResponsesCall:

@@ -4,14 +4,19 @@ chat`): the official SDK's agent loop runs against a chat model past its window,
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import openai
 import pytest
+from aiohttp import web
+from multidict import CIMultiDict
 
+from proxy.compaction.api_fallback import route_missing
+from proxy.upstream.answer import Answer
 from tests.conftest import ProxyFactory
 from tests.fakes.agent import AgentModel
-from tests.fakes.openai_upstream import FakeUpstream
+from tests.fakes.openai_upstream import FakeUpstream, error
 from tests.fakes.responses_agent import INSTRUCTION, run_agent
 from tests.sdk import async_client
 
@@ -61,3 +66,44 @@ async def test_a_history_kept_upstream_is_refused_with_a_reason(model: AgentMode
         await async_client(proxy.url).responses.create(model="m", input="hi", previous_response_id="resp_1")
     assert refused.value.status_code == 400 and "previous_response_id" in json.dumps(refused.value.body)
     assert model.received == []
+
+
+async def test_auto_learns_a_chat_only_upstream_from_its_first_404(model: AgentModel, fake: FakeUpstream,
+                                                                   make_proxy: ProxyFactory,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The fake has no /v1/responses (404): the first request is answered through chat all the same, and from
+    then on every request goes to chat directly; the upstream is asked /v1/responses once."""
+    proxy = await make_proxy({"models": {"default": {"context_window": WINDOW}},
+                              "dialects": {"responses": {"upstream_api": "auto"}}})
+    with caplog.at_level(logging.WARNING, logger="proxy.pipeline"):
+        outcomes = await run_agent(async_client(proxy.url), 6, stream=False)
+    assert len(outcomes) == 6
+    assert [request.path for request in fake.requests if request.method == "POST"].count("/v1/responses") == 1
+    learned = [json.loads(r.getMessage()) for r in caplog.records if "upstream_api_learned" in r.getMessage()]
+    assert [(event["upstream_api"], event["status"]) for event in learned] == [("chat", 404)]
+
+
+async def test_auto_keeps_the_responses_api_when_only_the_model_is_missing(fake: FakeUpstream,
+                                                                           make_proxy: ProxyFactory) -> None:
+    async def no_such_model(request: web.Request) -> web.StreamResponse:
+        return error(404, "The model `m` does not exist or you do not have access to it.", "model_not_found")
+
+    fake.responses_hook = no_such_model
+    proxy = await make_proxy({"dialects": {"responses": {"upstream_api": "auto"}}})
+    client = async_client(proxy.url)
+    for _ in range(2):
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.create(model="m", input="hi")
+    assert [request.path for request in fake.requests if request.method == "POST"] == ["/v1/responses"] * 2
+
+
+@pytest.mark.parametrize(("status", "body", "missing"), [
+    (404, b'{"error": {"message": "Unknown request URL: POST /v1/responses", "code": "unknown_url"}}', True),
+    (404, b"404 page not found", True),
+    (405, b"", True),
+    (404, b'{"error": {"code": "model_not_found", "message": "The model does not exist"}}', False),
+    (400, b'{"error": {"message": "bad"}}', False),
+    (200, b"{}", False),
+])
+def test_what_counts_as_no_responses_route(status: int, body: bytes, missing: bool) -> None:
+    assert route_missing(Answer(status, CIMultiDict(), body=body)) is missing
