@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Protocol, Self
 
 from multidict import CIMultiDict
 
@@ -63,3 +65,36 @@ def client_mode(headers: Mapping[str, str]) -> tuple[str, CIMultiDict[str]]:
     forwarded = CIMultiDict(headers)
     forwarded.popall(MODE, None)
     return mode, forwarded
+
+
+@dataclass(frozen=True)
+class JsonCall:
+    """A request whose body is one JSON object, as the client sent it: what every dialect's call has in common."""
+
+    body: bytes
+    payload: dict[str, Any]
+    headers: Mapping[str, str]
+    query: str
+    mode: str
+
+    @classmethod
+    def parse(cls, body: bytes, headers: Mapping[str, str], query: str) -> Self:
+        payload = json_object(body)
+        mode, forwarded = client_mode(headers)
+        return cls(body, payload, forwarded, query, mode)
+
+    @cached_property
+    def model(self) -> str:
+        return str(self.payload.get("model") or "")
+
+    @property
+    def stream(self) -> bool:
+        return self.payload.get("stream") is True
+
+    def positive(self, *keys: str) -> int | None:
+        """The first of `keys` whose value is a whole number above 0 (an output cap a client set), or None."""
+        for key in keys:
+            value = self.payload.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from multidict import CIMultiDict
 
-from proxy.dialects.call import MODES, client_mode, json_object
+from proxy.dialects.call import MODES, JsonCall, client_mode, json_object
 from proxy.errors import BadRequest
 
 
@@ -36,3 +38,13 @@ def test_a_body_that_is_not_an_object_is_a_bad_request(body: bytes) -> None:
 
 def test_an_object_is_read() -> None:
     assert json_object(b'{"model": "m", "n": 1}') == {"model": "m", "n": 1}
+
+
+@pytest.mark.parametrize(("payload", "expected"), [
+    ({"a": 5}, 5), ({"a": 0, "b": 7}, 7), ({"a": True, "b": "9"}, None), ({"a": -1}, None), ({"b": 2.0}, None),
+    ({}, None),
+])
+def test_the_first_whole_number_above_zero(payload: dict[str, object], expected: int | None) -> None:
+    call = JsonCall.parse(json.dumps(payload).encode(), {}, "")
+    assert call.positive("a", "b") == expected
+    assert (call.model, call.stream) == ("", False)
