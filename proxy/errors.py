@@ -65,6 +65,14 @@ class UpgradeRefused(ProxyError):
     code = "websocket_not_supported"
 
 
+class SummaryUnavailable(ProxyError):
+    """A compaction the client asked for (POST /responses/compact) that the summariser could not make."""
+
+    status = 502
+    error_type = "upstream_error"
+    code = "compaction_failed"
+
+
 class UpstreamUnreachable(ProxyError):
     status = 502
     error_type = "upstream_error"

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
-from proxy.compaction.pipeline import Pipeline
+from proxy.compaction.pipeline import Journey, Pipeline
+from proxy.core.usage import Usage
 from proxy.dialects.responses_request import ResponsesCall
 from proxy.request_context import current_request_id
 from proxy.upstream.answer import Answer
@@ -53,6 +54,12 @@ class ResponsesOrChat:
             call = replace(self._bridged.parse(call.body, call.headers, call.query), mode=call.mode)
         async with self._bridged.answer(call) as answer:
             yield answer
+
+    async def compacted(self, call: ResponsesCall) -> Journey[ResponsesCall]:
+        return await (self._bridged if call.bridged else self._native).compacted(call)
+
+    def summary_usage(self, journey: Journey[ResponsesCall]) -> Usage:
+        return self._native.summary_usage(journey)
 
     async def close(self) -> None:
         await self._native.close()

@@ -26,7 +26,7 @@ from proxy.core.usage import Usage
 from proxy.core.view import View
 from proxy.dialects.call import Call
 from proxy.dialects.dialect import Dialect
-from proxy.errors import ProxyError
+from proxy.errors import BadRequest, ProxyError
 from proxy.headers import (
     COMPACTION,
     ELIDED,
@@ -77,6 +77,10 @@ class Serving(Protocol):
 
     async def close(self) -> None: ...
 
+    async def compacted(self, call: Any) -> Journey[Any]: ...
+
+    def summary_usage(self, journey: Journey[Any]) -> Usage: ...
+
 
 class Pipeline(Generic[C]):
     """The journey for one client API: its dialect says everything API-shaped, the rest is shared."""
@@ -123,6 +127,28 @@ class Pipeline(Generic[C]):
             log.warning(json.dumps({"event": "compaction_not_applicable", "request_id": current_request_id(),
                                     "reason": reason, "route": self._dialect.name}))
         return {COMPACTION: "not-applicable", REASON: reason}
+
+    async def compacted(self, call: C) -> Journey[C]:
+        """The request's conversation compacted now, as the journey would, whatever its size (a client asking for
+        it: POST /responses/compact). BadRequest when there is nothing here to compact."""
+        view = self._dialect.history(call) if self._settings.compaction.enabled else None
+        if view is None:
+            raise BadRequest("this request holds no conversation the proxy can compact")
+        namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
+        history = await self._history.read_off_loop(view.messages, namespace)
+        conversation = await self._compactor.reuse(view.messages, history.chain, namespace)
+        await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
+                                    headers=call.headers)
+        journey = Journey(call, view, conversation, self._limits(call), history, self._raw_overhead(call),
+                          trigger="reused" if conversation.record else "none")
+        if conversation.record is None:
+            await self._compact(journey, "requested", force=True)
+        return journey
+
+    def summary_usage(self, journey: Journey[C]) -> Usage:
+        """What a requested compaction reports: the conversation's tokens before, the summary's after."""
+        record = journey.conversation.record
+        return Usage(self._original_estimate(journey), record.tokens_after if record else 0)
 
     def _mode(self, call: C) -> str:
         return call.mode or self._settings.compaction.mode
@@ -234,7 +260,7 @@ class Pipeline(Generic[C]):
         journey.failed = False
         return retry
 
-    async def _compact(self, journey: Journey[C], trigger: str) -> bool:
+    async def _compact(self, journey: Journey[C], trigger: str, *, force: bool = False) -> bool:
         """Summarise, then elide what still does not fit (a huge tool result); True when a summary was applied.
 
         A summary that failed or is backed off marks the journey failed: it is not tried again for this request.
@@ -244,7 +270,7 @@ class Pipeline(Generic[C]):
         outcome = await self._compactor.compact(journey.conversation, journey.limits, model=journey.call.model,
                                                 trigger=trigger, headers=journey.call.headers,
                                                 overhead=self._overhead(journey),
-                                                force=self._mode(journey.call) == "force",
+                                                force=force or self._mode(journey.call) == "force",
                                                 tools=self._dialect.tools(journey.call))
         if outcome.record is not None:
             journey.conversation = Conversation(journey.conversation.original, journey.conversation.chain,

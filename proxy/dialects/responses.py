@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -14,7 +16,7 @@ from proxy.core.view import View
 from proxy.dialects.body import encode_json
 from proxy.dialects.chat import chat_usage
 from proxy.dialects.responses_bridge import ResponsesFromChatStream, chat_request, response_from_chat
-from proxy.dialects.responses_items import as_input_items, render, view_of_input
+from proxy.dialects.responses_items import as_input_items, render, view_of_input, with_envelopes_opened
 from proxy.dialects.responses_request import ResponsesCall
 from proxy.errors import BadRequest, ProxyError
 from proxy.upstream.answer import StreamTap
@@ -29,6 +31,24 @@ def responses_usage(record: Any) -> Usage | None:
     """`{"input_tokens": .., "output_tokens": ..}` in the neutral form."""
     usage = record.get("usage") if isinstance(record, dict) else None
     return usage_from(usage, "input_tokens", "output_tokens") if isinstance(usage, dict) else None
+
+
+def with_summaries(call: ResponsesCall) -> ResponsesCall:
+    """The call with the proxy's own compaction items opened into their summaries: no upstream can read them, so
+    they never reach one (the body is rewritten once, here; another issuer's items pass byte for byte)."""
+    items = with_envelopes_opened(call.payload.get("input"))
+    if items is None:
+        return call
+    payload = {**call.payload, "input": items}
+    return replace(call, payload=payload, body=encode_json(payload))
+
+
+def compaction_response(call: ResponsesCall, items: list[Any], usage: Usage) -> dict[str, Any]:
+    """The answer to POST /responses/compact: the items that stand in for the conversation from now on."""
+    ident = hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:24]
+    before, after = usage.input_tokens or 0, usage.output_tokens or 0
+    return {"id": f"resp_cmp_{ident}", "object": "response.compaction", "created_at": int(time.time()),
+            "output": items, "usage": {"input_tokens": before, "output_tokens": after, "total_tokens": before + after}}
 
 
 class ResponsesTap:
@@ -67,7 +87,7 @@ class ResponsesDialect:
     path = "/responses"
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> ResponsesCall:
-        return ResponsesCall.parse(body, headers, query)
+        return with_summaries(ResponsesCall.parse(body, headers, query))
 
     def history(self, call: ResponsesCall) -> View | None:
         if self.left_alone(call) is not None:
@@ -130,7 +150,7 @@ class ResponsesOverChatDialect(ResponsesDialect):
     path = "/chat/completions"
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> ResponsesCall:
-        call = ResponsesCall.parse(body, headers, query)
+        call = with_summaries(ResponsesCall.parse(body, headers, query))
         if call.history_upstream:
             raise BadRequest("this proxy's upstream keeps no responses: send the whole input instead of "
                              "previous_response_id or conversation", param="previous_response_id")

@@ -8,7 +8,10 @@ from aiohttp import web
 
 from proxy.core.credentials import presents_one_of
 from proxy.core.fingerprint import HASH_ERRORS
-from proxy.errors import UpgradeRefused
+from proxy.dialects.responses import compaction_response
+from proxy.dialects.responses_items import compaction_output
+from proxy.errors import SummaryUnavailable, UpgradeRefused
+from proxy.headers import COMPACTION, REASON
 from proxy.http.appkeys import METRICS, RUNTIME
 from proxy.http.pin import pinned
 from proxy.http.relay import deliver
@@ -59,6 +62,22 @@ def refuse_upgrade() -> web.Response:
     response = web.json_response(refused.body(), status=refused.status, headers={"Connection": "close"})
     response.force_close()
     return response
+
+
+async def responses_compact(request: web.Request) -> web.Response:
+    """POST /v1/responses/compact, answered by the proxy itself for any upstream: the conversation compacted now,
+    its summary sealed into one `compaction` item that the proxy opens again on the next request."""
+    body = await read_body(request)
+    pipeline = pinned(request).pipelines["responses"]
+    query = request.raw_path.partition("?")[2]
+    call = await off_loop_above(LARGE_JSON, len(body), pipeline.parse, body, request.headers, query)
+    journey = await pipeline.compacted(call)
+    conversation = journey.conversation
+    if conversation.record is None and journey.failed:  # a summary was wanted and could not be made
+        raise SummaryUnavailable(f"the conversation could not be compacted ({journey.reason}); nothing was changed")
+    items = compaction_output(journey.view, conversation.messages, conversation.synthetic)
+    headers = {COMPACTION: journey.trigger, **({REASON: journey.reason} if journey.reason else {})}
+    return web.json_response(compaction_response(call, items, pipeline.summary_usage(journey)), headers=headers)
 
 
 async def healthz(request: web.Request) -> web.Response:

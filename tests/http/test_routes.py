@@ -7,7 +7,7 @@ import pytest
 from proxy.dialects.catalog import ROUTES
 from proxy.http.routes import API_PREFIX, OPEN_PATHS, route_of
 
-LABELS = {"chat", "responses", "passthrough", "healthz", "readyz", "metrics", "other"}
+LABELS = {"chat", "responses", "responses_compact", "passthrough", "healthz", "readyz", "metrics", "other"}
 
 
 def test_route_constants() -> None:
@@ -24,7 +24,8 @@ def test_route_constants() -> None:
     ("/v1/chat/completions", "chat"),
     ("/v1/chat/completions/", "passthrough"),
     ("/v1/responses", "responses"),
-    ("/v1/responses/compact", "passthrough"),
+    ("/v1/responses/compact", "responses_compact"),
+    ("/v1/responses/compact/", "passthrough"),
     ("/v1/responses/resp_1", "passthrough"),
     ("/v1/chat/completions?stream=1", "passthrough"),
     ("/v1/models", "passthrough"),
