@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
@@ -87,8 +87,10 @@ class Pipeline(Generic[C]):
 
     def __init__(self, dialect: Dialect[C], settings: Settings, upstream: Upstream, compactor: Compactor,
                  counter: TokenCounter, calibration: Calibration, windows: ContextWindows, metrics: Metrics,
-                 history: HistoryIndex | None = None) -> None:
+                 history: HistoryIndex | None = None, count: Callable[[str], None] | None = None) -> None:
+        """`count` sees what compaction did for each answer (x-compaction), for a dialect's own counter."""
         self._settings = settings
+        self._count = count
         self._dialect = dialect
         self._upstream = upstream
         self._compactor = compactor
@@ -131,17 +133,11 @@ class Pipeline(Generic[C]):
     async def compacted(self, call: C) -> Journey[C]:
         """The request's conversation compacted now, as the journey would, whatever its size (a client asking for
         it: POST /responses/compact). BadRequest when there is nothing here to compact."""
-        view = self._dialect.history(call) if self._settings.compaction.enabled else None
+        view = self._history_of(call)
         if view is None:
             raise BadRequest("this request holds no conversation the proxy can compact")
-        namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
-        history = await self._history.read_off_loop(view.messages, namespace)
-        conversation = await self._compactor.reuse(view.messages, history.chain, namespace)
-        await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
-                                    headers=call.headers)
-        journey = Journey(call, view, conversation, self._limits(call), history, self._raw_overhead(call),
-                          trigger="reused" if conversation.record else "none")
-        if conversation.record is None:
+        journey = await self._begin(call, view)
+        if journey.conversation.record is None:
             await self._compact(journey, "requested", force=True)
         return journey
 
@@ -177,8 +173,8 @@ class Pipeline(Generic[C]):
                       tail_share=config.tail_budget, instruction_share=config.instruction_budget,
                       max_summary_tokens=config.summarizer.max_output_tokens)
 
-    async def _journey(self, call: C, view: View, stack: AsyncExitStack) -> Answer:
-        started = time.perf_counter()
+    async def _begin(self, call: C, view: View) -> Journey[C]:
+        """The journey's start: the history read (chain, counts), a stored summary spliced in, the window known."""
         namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
         history = await self._history.read_off_loop(view.messages, namespace)
         conversation = await self._compactor.reuse(view.messages, history.chain, namespace)
@@ -186,8 +182,12 @@ class Pipeline(Generic[C]):
         # summariser client built later, background ones included, knows its window without waiting.
         await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
                                     headers=call.headers)
-        journey = Journey(call, view, conversation, self._limits(call), history, self._raw_overhead(call),
-                          trigger="reused" if conversation.record else "none")
+        return Journey(call, view, conversation, self._limits(call), history, self._raw_overhead(call),
+                       trigger="reused" if conversation.record else "none")
+
+    async def _journey(self, call: C, view: View, stack: AsyncExitStack) -> Answer:
+        started = time.perf_counter()
+        journey = await self._begin(call, view)
         summarising = 0.0
         if self._mode(call) == "force" or budget.over_threshold(journey.limits, self._estimate(journey)):
             compacting = time.perf_counter()
@@ -205,12 +205,8 @@ class Pipeline(Generic[C]):
 
     async def _shadow(self, call: C, view: View, stack: AsyncExitStack) -> Answer:
         """Decide as the real journey would, report it, and forward the request exactly as the client sent it."""
-        namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
-        history = await self._history.read_off_loop(view.messages, namespace)
-        conversation = await self._compactor.reuse(view.messages, history.chain, namespace)
-        await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
-                                    headers=call.headers)
-        journey = Journey(call, view, conversation, self._limits(call), history, self._raw_overhead(call))
+        journey = await self._begin(call, view)
+        conversation = journey.conversation
         before = self._estimate(journey)
         decision = "reused" if conversation.record else "none"
         if budget.over_threshold(journey.limits, before):
@@ -350,8 +346,8 @@ class Pipeline(Generic[C]):
 
     def _finish(self, call: C, attempt: Attempt, headers: dict[str, str], *, hide_usage: bool,
                 journey: Journey[C] | None = None) -> Answer:
-        if self._dialect.name == "chat":  # the older counter is chat completions' (every route: requests_total)
-            self._metrics.chat_requests.labels(headers[COMPACTION]).inc()
+        if self._count is not None:
+            self._count(headers[COMPACTION])
         annotate(model=call.model, upstream_status=attempt.status)
         learn = journey is not None and attempt.ok
 

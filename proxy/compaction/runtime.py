@@ -19,6 +19,7 @@ from proxy.core.fingerprint import HASH_ERRORS
 from proxy.core.history_index import HistoryIndex
 from proxy.core.tokens import TokenCounter
 from proxy.dialects.catalog import DIALECTS, serving
+from proxy.dialects.chat import CHAT
 from proxy.dialects.dialect import Dialect
 from proxy.dialects.responses import RESPONSES, RESPONSES_OVER_CHAT
 from proxy.metrics import Metrics
@@ -148,9 +149,13 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
 
     compactor = Compactor(settings, shared.store, counter, templates, metrics, summarizer_model, calibration,
                           shared.flights)
+    def chat_requests(outcome: str) -> None:
+        metrics.chat_requests.labels(outcome).inc()
+
     def pipeline(dialect: Dialect[Any]) -> Pipeline[Any]:
+        # The older counter is chat completions' own; every route is counted by requests_total.
         return Pipeline(dialect, settings, upstream, compactor, counter, calibration, windows, metrics,
-                        shared.history)
+                        shared.history, count=chat_requests if dialect is CHAT else None)
 
     pipelines: dict[str, Serving] = {dialect.name: pipeline(serving(dialect, settings)) for dialect in DIALECTS}
     if settings.dialects.responses.upstream_api == "auto":

@@ -14,14 +14,14 @@ from proxy.core.tokens import REPLY_PRIMER, TokenCounter
 from proxy.core.usage import Usage, usage_from
 from proxy.core.view import View
 from proxy.dialects.body import encode_json
-from proxy.dialects.chat import chat_usage
-from proxy.dialects.responses_bridge import ResponsesFromChatStream, chat_request, response_from_chat
+from proxy.dialects.chat import CHAT
+from proxy.dialects.responses_bridge import ResponsesFromChatStream, chat_request, chat_tools, response_from_chat
 from proxy.dialects.responses_items import as_input_items, render, view_of_input, with_envelopes_opened
 from proxy.dialects.responses_request import ResponsesCall
 from proxy.errors import BadRequest, ProxyError
 from proxy.upstream.answer import StreamTap
 from proxy.upstream.overflow import overflow_in_answer
-from proxy.upstream.streaming import SseDecoder, usage_of
+from proxy.upstream.streaming import SseDecoder
 
 # The events that close a response stream, each carrying the whole response with its usage and status.
 _LAST_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -114,12 +114,7 @@ class ResponsesDialect:
 
     def tools(self, call: ResponsesCall) -> Any:
         """The function tools in chat's shape, for a summariser that is asked with the conversation's own tools."""
-        tools = call.payload.get("tools")
-        functions = [{"type": "function", "function": {key: tool[key] for key in ("name", "description", "parameters")
-                                                        if key in tool}}
-                     for tool in (tools if isinstance(tools, list) else [])
-                     if isinstance(tool, dict) and tool.get("type") == "function" and isinstance(tool.get("name"), str)]
-        return functions or None
+        return chat_tools(call.payload.get("tools"), ("name", "description", "parameters"))
 
     def asks_usage(self, call: ResponsesCall) -> bool:
         return True  # a Responses stream always ends with the whole response, usage included
@@ -166,7 +161,7 @@ class ResponsesOverChatDialect(ResponsesDialect):
         return encode_json(chat_request(call.payload, history))
 
     def usage(self, payload: Any) -> Usage | None:
-        return chat_usage(usage_of(payload))
+        return CHAT.usage(payload)  # the upstream answered as chat completions do
 
     def tap(self, call: ResponsesCall, *, hide_usage: bool) -> StreamTap:
         return ResponsesFromChatStream(call.payload)

@@ -33,10 +33,11 @@ def chat_request(payload: dict[str, Any], history: list[Message]) -> dict[str, A
     return body
 
 
-def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Function tools in chat's shape; the Responses API's hosted tools have no chat counterpart and are left out."""
-    functions = [{"type": "function", "function": {key: tool[key] for key in ("name", "description", "parameters",
-                                                                              "strict") if key in tool}}
+def chat_tools(tools: Any, fields: tuple[str, ...] = ("name", "description", "parameters", "strict")) \
+        -> list[dict[str, Any]] | None:
+    """Function tools in chat's shape (`fields` of each); the Responses API's hosted tools have no chat counterpart
+    and are left out."""
+    functions = [{"type": "function", "function": {key: tool[key] for key in fields if key in tool}}
                  for tool in (tools if isinstance(tools, list) else [])
                  if isinstance(tool, dict) and tool.get("type") == "function" and isinstance(tool.get("name"), str)]
     return functions or None
