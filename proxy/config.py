@@ -243,6 +243,10 @@ class ResponsesDialectConfig(_Frozen):
     # request then goes as a chat completion and its answer comes back in the Responses shape), or "auto": the
     # Responses API until the upstream answers that it has no such route (404 or 405), chat completions from then on.
     upstream_api: Literal["auto", "responses", "chat"] = "responses"
+    # Whether the upstream runs OpenAI's compaction itself (OpenAI's own API does): then a request asking for it — a
+    # `context_management` entry, `truncation: "auto"`, Codex's `compaction_trigger`, POST /responses/compact — is
+    # forwarded untouched. Off (every other upstream), the proxy honours that contract itself.
+    upstream_compaction: bool = False
 
 
 class DialectsConfig(_Frozen):

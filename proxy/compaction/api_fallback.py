@@ -55,6 +55,9 @@ class ResponsesOrChat:
         async with self._bridged.answer(call) as answer:
             yield answer
 
+    def compactable(self, call: ResponsesCall) -> bool:
+        return (self._bridged if call.bridged else self._native).compactable(call)
+
     async def compacted(self, call: ResponsesCall) -> Journey[ResponsesCall]:
         return await (self._bridged if call.bridged else self._native).compacted(call)
 

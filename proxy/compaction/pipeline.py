@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from proxy.compaction.compactor import Compactor, Conversation, Flight
-from proxy.config import Settings
+from proxy.config import TARGET_SHARE_OF_THRESHOLD, Settings
 from proxy.core import budget
 from proxy.core.budget import Limits
 from proxy.core.calibration import Calibration
@@ -77,6 +77,8 @@ class Serving(Protocol):
 
     async def close(self) -> None: ...
 
+    def compactable(self, call: Any) -> bool: ...
+
     async def compacted(self, call: Any) -> Journey[Any]: ...
 
     def summary_usage(self, journey: Journey[Any]) -> Usage: ...
@@ -130,6 +132,10 @@ class Pipeline(Generic[C]):
                                     "reason": reason, "route": self._dialect.name}))
         return {COMPACTION: "not-applicable", REASON: reason}
 
+    def compactable(self, call: C) -> bool:
+        """Whether the proxy may compact this request's conversation (its mode, its model and its dialect allow)."""
+        return self._history_of(call) is not None
+
     async def compacted(self, call: C) -> Journey[C]:
         """The request's conversation compacted now, as the journey would, whatever its size (a client asking for
         it: POST /responses/compact). BadRequest when there is nothing here to compact."""
@@ -168,8 +174,16 @@ class Pipeline(Generic[C]):
 
     def _limits(self, call: C) -> Limits:
         config = self._settings.compaction
-        return Limits(window=self._windows.window(call.model), threshold=config.threshold if config.proactive else 0,
-                      target=config.target, reserve=call.reserved_output(config.reserved_output_tokens),
+        window = self._windows.window(call.model)
+        threshold, target = (config.threshold if config.proactive else 0), config.target
+        asked = call.compact_threshold  # the client's own threshold (tokens), honoured when it comes sooner
+        if asked is not None and window > 0 and not 0 < threshold <= asked / window:
+            # Compacting to the operator's target would land above the client's threshold: every request would
+            # cross it again. Land below it by the same share instead.
+            threshold = asked / window
+            target = min(target, threshold * TARGET_SHARE_OF_THRESHOLD)
+        return Limits(window=window, threshold=threshold,
+                      target=target, reserve=call.reserved_output(config.reserved_output_tokens),
                       tail_share=config.tail_budget, instruction_share=config.instruction_budget,
                       max_summary_tokens=config.summarizer.max_output_tokens)
 

@@ -159,7 +159,8 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
 
     pipelines: dict[str, Serving] = {dialect.name: pipeline(serving(dialect, settings)) for dialect in DIALECTS}
     if settings.dialects.responses.upstream_api == "auto":
-        pipelines[RESPONSES.name] = ResponsesOrChat(pipeline(RESPONSES), pipeline(RESPONSES_OVER_CHAT))
+        pipelines[RESPONSES.name] = ResponsesOrChat(pipeline(serving(RESPONSES, settings)),
+                                                  pipeline(RESPONSES_OVER_CHAT))
     return Runtime(settings, upstream, windows, pipelines)
 
 

@@ -43,6 +43,18 @@ class Call(Protocol):
     @property
     def stream(self) -> bool: ...
 
+    @property
+    def compaction_requested(self) -> bool:
+        """Whether the client asks for its conversation compacted now and for nothing else (a Responses
+        `compaction_trigger`): the proxy answers that itself."""
+        ...
+
+    @property
+    def compact_threshold(self) -> int | None:
+        """The prompt size, in tokens, past which the client asks for compaction (a Responses `context_management`
+        entry), or None when it names none."""
+        ...
+
     def reserved_output(self, default: int) -> int:
         """The output tokens the request asks room for, `default` when it names none."""
         ...
@@ -76,6 +88,7 @@ class JsonCall:
     headers: Mapping[str, str]
     query: str
     mode: str
+    compaction_requested: bool = False
 
     @classmethod
     def parse(cls, body: bytes, headers: Mapping[str, str], query: str) -> Self:
@@ -90,6 +103,10 @@ class JsonCall:
     @property
     def stream(self) -> bool:
         return self.payload.get("stream") is True
+
+    @property
+    def compact_threshold(self) -> int | None:
+        return None
 
     def positive(self, *keys: str) -> int | None:
         """The first of `keys` whose value is a whole number above 0 (an output cap a client set), or None."""

@@ -7,7 +7,7 @@ from typing import Any
 from proxy.config import Settings
 from proxy.dialects.chat import CHAT
 from proxy.dialects.dialect import Dialect
-from proxy.dialects.responses import RESPONSES, RESPONSES_OVER_CHAT
+from proxy.dialects.responses import RESPONSES, RESPONSES_COMPACTING_UPSTREAM, RESPONSES_OVER_CHAT
 from proxy.errors import ProxyError
 
 DIALECTS: tuple[Dialect[Any], ...] = (CHAT, RESPONSES)
@@ -25,10 +25,14 @@ _AT = {route_path(dialect): dialect for dialect in DIALECTS}
 
 
 def serving(dialect: Dialect[Any], settings: Settings) -> Dialect[Any]:
-    """The dialect as the configured upstream needs it: Responses clients bridged to a chat-only upstream."""
-    if dialect is RESPONSES and settings.dialects.responses.upstream_api == "chat":
+    """The dialect as the configured upstream needs it: Responses clients bridged to a chat-only upstream, or left
+    to an upstream that compacts by itself when they ask it to."""
+    if dialect is not RESPONSES:
+        return dialect
+    config = settings.dialects.responses
+    if config.upstream_api == "chat":
         return RESPONSES_OVER_CHAT
-    return dialect
+    return RESPONSES_COMPACTING_UPSTREAM if config.upstream_compaction else RESPONSES
 
 
 def error_body(path: str, error: ProxyError) -> dict[str, Any]:

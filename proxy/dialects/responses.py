@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -16,8 +14,9 @@ from proxy.core.view import View
 from proxy.dialects.body import encode_json
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses_bridge import ResponsesFromChatStream, chat_request, chat_tools, response_from_chat
-from proxy.dialects.responses_items import as_input_items, render, view_of_input, with_envelopes_opened
-from proxy.dialects.responses_request import ResponsesCall
+from proxy.dialects.responses_compaction import with_envelopes_opened
+from proxy.dialects.responses_items import as_input_items, render, view_of_input
+from proxy.dialects.responses_request import ResponsesCall, without_trigger
 from proxy.errors import BadRequest, ProxyError
 from proxy.upstream.answer import StreamTap
 from proxy.upstream.overflow import overflow_in_answer
@@ -33,22 +32,25 @@ def responses_usage(record: Any) -> Usage | None:
     return usage_from(usage, "input_tokens", "output_tokens") if isinstance(usage, dict) else None
 
 
-def with_summaries(call: ResponsesCall) -> ResponsesCall:
-    """The call with the proxy's own compaction items opened into their summaries: no upstream can read them, so
-    they never reach one (the body is rewritten once, here; another issuer's items pass byte for byte)."""
-    items = with_envelopes_opened(call.payload.get("input"))
-    if items is None:
+def read_call(body: bytes, headers: Mapping[str, str], query: str, *, upstream_compacts: bool) -> ResponsesCall:
+    """The request as the journey reads it. Where the upstream does not compact, the proxy honours OpenAI's
+    compaction contract itself: a closing `compaction_trigger` is the proxy's to answer (taken out of the input,
+    the body kept as sent), a `context_management` entry is the proxy's to apply (taken out of the body the
+    upstream sees), and the proxy's own compaction items are opened into what they stand for (no upstream can read
+    them; another issuer's items pass byte for byte)."""
+    call = ResponsesCall.parse(body, headers, query)
+    if upstream_compacts:
         return call
-    payload = {**call.payload, "input": items}
-    return replace(call, payload=payload, body=encode_json(payload))
-
-
-def compaction_response(call: ResponsesCall, items: list[Any], usage: Usage) -> dict[str, Any]:
-    """The answer to POST /responses/compact: the items that stand in for the conversation from now on."""
-    ident = hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:24]
-    before, after = usage.input_tokens or 0, usage.output_tokens or 0
-    return {"id": f"resp_cmp_{ident}", "object": "response.compaction", "created_at": int(time.time()),
-            "output": items, "usage": {"input_tokens": before, "output_tokens": after, "total_tokens": before + after}}
+    payload, body = call.payload, call.body
+    asked = without_trigger(payload)
+    if asked is not None:
+        payload = asked
+    items = with_envelopes_opened(payload.get("input"))
+    if items is not None:
+        payload = {**payload, "input": items}
+    if "context_management" in payload or items is not None:
+        body = encode_json({key: value for key, value in payload.items() if key != "context_management"})
+    return replace(call, payload=payload, body=body, compaction_requested=asked is not None)
 
 
 class ResponsesTap:
@@ -86,8 +88,12 @@ class ResponsesDialect:
     name = "responses"
     path = "/responses"
 
+    def __init__(self, *, upstream_compacts: bool = False) -> None:
+        # The upstream runs OpenAI's compaction itself (OpenAI's own API): requests asking for it are its to serve.
+        self.upstream_compacts = upstream_compacts
+
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> ResponsesCall:
-        return with_summaries(ResponsesCall.parse(body, headers, query))
+        return read_call(body, headers, query, upstream_compacts=self.upstream_compacts)
 
     def history(self, call: ResponsesCall) -> View | None:
         if self.left_alone(call) is not None:
@@ -96,15 +102,17 @@ class ResponsesDialect:
 
     def left_alone(self, call: ResponsesCall) -> str | None:
         """The upstream's own context management, or a history it keeps: not the proxy's to shorten."""
-        payload = call.payload
         if call.history_upstream:
             return "history_upstream"
-        if payload.get("context_management") is not None or payload.get("truncation") == "auto":
+        if self.upstream_compacts and call.upstream_context:
             return "upstream_manages_context"
         return None
 
     def forwarded(self, call: ResponsesCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
-        return encode_json({**call.payload, "input": as_input_items(view.back(history, render))})
+        payload = {**call.payload, "input": as_input_items(view.back(history, render))}
+        if not self.upstream_compacts:
+            payload.pop("context_management", None)  # the proxy applies it: not the upstream's to read
+        return encode_json(payload)
 
     def overhead(self, call: ResponsesCall, counter: TokenCounter) -> int:
         instructions = call.payload.get("instructions")
@@ -136,6 +144,7 @@ class ResponsesDialect:
 
 
 RESPONSES = ResponsesDialect()
+RESPONSES_COMPACTING_UPSTREAM = ResponsesDialect(upstream_compacts=True)
 
 
 class ResponsesOverChatDialect(ResponsesDialect):
@@ -145,7 +154,7 @@ class ResponsesOverChatDialect(ResponsesDialect):
     path = "/chat/completions"
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> ResponsesCall:
-        call = with_summaries(ResponsesCall.parse(body, headers, query))
+        call = read_call(body, headers, query, upstream_compacts=False)
         if call.history_upstream:
             raise BadRequest("this proxy's upstream keeps no responses: send the whole input instead of "
                              "previous_response_id or conversation", param="previous_response_id")

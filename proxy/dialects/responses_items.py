@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.core.envelope import opened, seal
-from proxy.core.messages import Message, content_text, role
+from proxy.core.messages import Message, role
 from proxy.core.view import Group, View
 
 Item = dict[str, Any]
@@ -321,36 +319,3 @@ def _rendered_file(file: Any) -> Item:
         return part
     # Nothing left to fetch the document by: say which one it was instead.
     return {"type": "input_text", "text": f"[document: {part.get('filename') or 'unnamed'}]"}
-
-
-def with_envelopes_opened(items: Any) -> list[Any] | None:
-    """`items` with each of the proxy's own `compaction` items (core.envelope) opened into the summary it carries,
-    as a user message; None when there is none (another issuer's compaction items stay as they are)."""
-    if not isinstance(items, list):
-        return None
-    summaries = [opened(item.get("encrypted_content")) if _kind(item) == "compaction" else None for item in items]
-    if all(summary is None for summary in summaries):
-        return None
-    return [item if summary is None else
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": summary}]}
-            for item, summary in zip(items, summaries, strict=True)]
-
-
-def compaction_output(view: View, messages: list[Message], synthetic: frozenset[int]) -> list[Any]:
-    """A compacted history as the items a client resends in its place: the summary sealed into one `compaction`
-    item (its acknowledgements left out), everything kept verbatim as the client's own items."""
-    output: list[Any] = []
-    run: list[Message] = []
-    sealed = False
-    for index, message in enumerate(messages):
-        if index not in synthetic:
-            run.append(message)
-            continue
-        output.extend(view.back(run, render))
-        run = []
-        if role(message) == "user" and not sealed:
-            envelope = seal(content_text(message.get("content")))
-            ident = hashlib.sha256(envelope.encode()).hexdigest()[:24]
-            output.append({"type": "compaction", "id": f"cmp_{ident}", "encrypted_content": envelope})
-            sealed = True
-    return as_input_items(output + view.back(run, render))

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
+from proxy.compaction.pipeline import Serving
 from proxy.core.credentials import presents_one_of
 from proxy.core.fingerprint import HASH_ERRORS
-from proxy.dialects.responses import compaction_response
-from proxy.dialects.responses_items import compaction_output
+from proxy.core.usage import Usage
+from proxy.dialects.call import Call
+from proxy.dialects.responses_compaction import compaction_item, compaction_response, compaction_turn, turn_events
+from proxy.dialects.responses_request import ResponsesCall
 from proxy.errors import SummaryUnavailable, UpgradeRefused
 from proxy.headers import COMPACTION, REASON
 from proxy.http.appkeys import METRICS, RUNTIME
@@ -35,7 +39,11 @@ def upstream_request(request: web.Request, body: bytes) -> UpstreamRequest:
 async def passthrough(request: web.Request) -> web.StreamResponse:
     if request.headers.get("Upgrade", "").strip().lower() == "websocket":
         return refuse_upgrade()
-    body = await read_body(request)
+    return await forward(request, await read_body(request))
+
+
+async def forward(request: web.Request, body: bytes) -> web.StreamResponse:
+    """The request sent on as it came (its body already read), the upstream's answer relayed."""
     upstream = pinned(request).upstream
     async with upstream.open(upstream_request(request, body)) as response:
         return await deliver(request, Answer.relayed(upstream, response))
@@ -45,15 +53,22 @@ def compacting(dialect: str) -> Handler:
     """The handler of a route the proxy compacts on, through the pipeline of the named dialect."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        body = await read_body(request)
         pipeline = pinned(request).pipelines[dialect]
-        # Parsing (and bounding) a history of many megabytes is CPU work: off the loop when it is that large.
-        query = request.raw_path.partition("?")[2]
-        call = await off_loop_above(LARGE_JSON, len(body), pipeline.parse, body, request.headers, query)
+        call = await parsed(request, pipeline)
+        if call.compaction_requested and pipeline.compactable(call):
+            return await compaction_answer(pipeline, call)
         async with pipeline.answer(call) as answer:
             return await deliver(request, answer)
 
     return handle
+
+
+async def parsed(request: web.Request, pipeline: Serving) -> Call:
+    body = await read_body(request)
+    # Parsing (and bounding) a history of many megabytes is CPU work: off the loop when it is that large.
+    query = request.raw_path.partition("?")[2]
+    call: Call = await off_loop_above(LARGE_JSON, len(body), pipeline.parse, body, request.headers, query)
+    return call
 
 
 def refuse_upgrade() -> web.Response:
@@ -64,20 +79,39 @@ def refuse_upgrade() -> web.Response:
     return response
 
 
-async def responses_compact(request: web.Request) -> web.Response:
-    """POST /v1/responses/compact, answered by the proxy itself for any upstream: the conversation compacted now,
-    its summary sealed into one `compaction` item that the proxy opens again on the next request."""
-    body = await read_body(request)
-    pipeline = pinned(request).pipelines["responses"]
-    query = request.raw_path.partition("?")[2]
-    call = await off_loop_above(LARGE_JSON, len(body), pipeline.parse, body, request.headers, query)
+async def responses_compact(request: web.Request) -> web.StreamResponse:
+    """POST /v1/responses/compact, answered by the proxy itself for any upstream that does not compact: the
+    conversation compacted now into one `compaction` item that the proxy opens again on the next request. Where the
+    proxy may not compact (compaction off, an upstream that compacts by itself), the request goes on untouched."""
+    pinning = pinned(request)
+    pipeline = pinning.pipelines["responses"]
+    call = await parsed(request, pipeline)
+    if pinning.settings.dialects.responses.upstream_compaction or not pipeline.compactable(call):
+        return await forward(request, call.body)
+    item, usage, headers = await compacted_item(pipeline, call)
+    return web.json_response(compaction_response(item, usage), headers=headers)
+
+
+async def compaction_answer(pipeline: Serving, call: Call) -> web.Response:
+    """The answer to a request that ends with Codex's `compaction_trigger`: one response, streamed as the client
+    asked, whose only output is the compaction item."""
+    assert isinstance(call, ResponsesCall), "only a Responses request asks for a compaction turn"
+    item, usage, headers = await compacted_item(pipeline, call)
+    response = compaction_turn(call, item, usage)
+    if call.stream:
+        return web.Response(body=turn_events(response), content_type="text/event-stream", headers=headers)
+    return web.json_response(response, headers=headers)
+
+
+async def compacted_item(pipeline: Serving, call: Call) -> tuple[dict[str, Any], Usage, dict[str, str]]:
+    """The request's conversation compacted now, as one compaction item; 502 when no summary could be made."""
     journey = await pipeline.compacted(call)
     conversation = journey.conversation
     if conversation.record is None and journey.failed:  # a summary was wanted and could not be made
         raise SummaryUnavailable(f"the conversation could not be compacted ({journey.reason}); nothing was changed")
-    items = compaction_output(journey.view, conversation.messages, conversation.synthetic)
+    item = compaction_item(journey.view, conversation.messages, conversation.synthetic)
     headers = {COMPACTION: journey.trigger, **({REASON: journey.reason} if journey.reason else {})}
-    return web.json_response(compaction_response(call, items, pipeline.summary_usage(journey)), headers=headers)
+    return item, pipeline.summary_usage(journey), headers
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 from proxy.core.tokens import REPLY_PRIMER, TokenCounter
 from proxy.core.usage import Usage
 from proxy.dialects.dialect import Dialect
-from proxy.dialects.responses import RESPONSES, ResponsesDialect, ResponsesTap
+from proxy.dialects.responses import RESPONSES, RESPONSES_COMPACTING_UPSTREAM, ResponsesDialect, ResponsesTap
 from proxy.dialects.responses_request import ResponsesCall
 from proxy.errors import BadRequest
 
@@ -43,12 +43,51 @@ def test_a_stateless_input_is_compactable_and_maps_back_as_it_came() -> None:
 
 
 @pytest.mark.parametrize("fields", [
-    {"previous_response_id": "resp_1"}, {"conversation": "conv_1"}, {"truncation": "auto"},
-    {"context_management": [{"type": "compaction", "compact_threshold": 1000}]},
+    {"previous_response_id": "resp_1"}, {"conversation": "conv_1"},
     {"input": [{"type": "item_reference", "id": "msg_1"}]}, {"input": 5},
 ])
-def test_what_the_upstream_manages_or_the_view_cannot_read_is_left_alone(fields: dict[str, Any]) -> None:
+def test_what_the_upstream_keeps_or_the_view_cannot_read_is_left_alone(fields: dict[str, Any]) -> None:
     assert RESPONSES.history(call(**fields)) is None
+
+
+CONTEXT_MANAGED = [{"truncation": "auto"}, {"context_management": [{"type": "compaction", "compact_threshold": 1000}]},
+                   {"input": [*INPUT, {"type": "compaction_trigger"}]}]
+
+
+@pytest.mark.parametrize("fields", CONTEXT_MANAGED)
+def test_asking_for_the_upstreams_own_context_management_leaves_it_to_an_upstream_that_compacts(
+        fields: dict[str, Any]) -> None:
+    body = json.dumps({"model": "m", "input": INPUT, **fields}).encode()
+    request = RESPONSES_COMPACTING_UPSTREAM.parse(body, CIMultiDict(), "")
+    assert request.body == body and not request.compaction_requested
+    assert RESPONSES_COMPACTING_UPSTREAM.history(request) is None
+    assert RESPONSES_COMPACTING_UPSTREAM.left_alone(request) == "upstream_manages_context"
+
+
+@pytest.mark.parametrize("fields", CONTEXT_MANAGED)
+def test_in_front_of_any_other_upstream_the_proxy_manages_the_context_it_asks_for(fields: dict[str, Any]) -> None:
+    request = RESPONSES.parse(json.dumps({"model": "m", "input": INPUT, **fields}).encode(), CIMultiDict(), "")
+    assert RESPONSES.left_alone(request) is None and RESPONSES.history(request) is not None
+    assert "context_management" not in json.loads(request.body)  # the upstream is not asked what it cannot do
+    assert request.compaction_requested == ("truncation" not in fields and "context_management" not in fields)
+    assert request.payload["input"] == INPUT  # a trigger is the proxy's to answer, not part of the conversation
+
+
+@pytest.mark.parametrize(("entries", "threshold"), [
+    ([{"type": "compaction", "compact_threshold": 1000}], 1000), ([{"type": "compaction"}], None),
+    ([{"type": "compaction", "compact_threshold": 900}, {"type": "compaction", "compact_threshold": 500}], 500),
+    ([{"type": "other", "compact_threshold": 10}], None), ([{"type": "compaction", "compact_threshold": 0}], None),
+    ([{"type": "compaction", "compact_threshold": True}], None), ({"type": "compaction"}, None), (None, None),
+    (["compaction"], None), ([{"type": "compaction", "compact_threshold": "1000"}], None),
+])
+def test_the_compact_threshold_a_request_names(entries: Any, threshold: int | None) -> None:
+    assert call(context_management=entries).compact_threshold == threshold
+
+
+def test_a_trigger_anywhere_but_last_is_not_a_request_to_compact() -> None:
+    request = RESPONSES.parse(json.dumps({"model": "m", "input": [{"type": "compaction_trigger"}, *INPUT]}).encode(),
+                              CIMultiDict(), "")
+    assert not request.compaction_requested and RESPONSES.history(request) is None  # an item the view cannot read
 
 
 def test_truncation_disabled_is_still_compactable() -> None:
@@ -139,8 +178,8 @@ def test_the_proxy_errors_keep_the_openai_shape() -> None:
 
 @pytest.mark.parametrize(("fields", "reason"), [
     ({}, None), ({"truncation": "disabled"}, None), ({"previous_response_id": "resp_1"}, "history_upstream"),
-    ({"conversation": {"id": "conv_1"}}, "history_upstream"), ({"truncation": "auto"}, "upstream_manages_context"),
-    ({"context_management": [{"type": "compaction"}]}, "upstream_manages_context"),
+    ({"conversation": {"id": "conv_1"}}, "history_upstream"), ({"truncation": "auto"}, None),
+    ({"context_management": [{"type": "compaction"}]}, None),
     ({"input": [{"type": "item_reference", "id": "x"}]}, None),
 ])
 def test_why_a_request_is_left_to_the_upstream(fields: dict[str, Any], reason: str | None) -> None:

@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from proxy.app import RunningServer
-from proxy.core.envelope import opened
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.responses_agent import INSTRUCTION, TOOLS, file_text, respond, run_agent
@@ -99,12 +98,15 @@ async def test_an_overflow_in_any_shape_is_compacted_and_retried_once(style: str
     ({"previous_response_id": "resp_0"}, "history_upstream"),
     ({"conversation": "conv_1"}, "history_upstream"),
     ({"truncation": "auto"}, "upstream_manages_context"),
+    ({"context_management": [{"type": "compaction", "compact_threshold": 1000}]}, "upstream_manages_context"),
 ])
 async def test_a_history_the_proxy_cannot_shorten_is_forwarded_and_the_proxy_says_why(
         fields: dict[str, Any], reason: str, model: ResponsesModel, fake: FakeUpstream, make_proxy: ProxyFactory,
         caplog: pytest.LogCaptureFixture) -> None:
+    """What the upstream keeps, or manages itself when it can (`upstream_compaction: true`), is its own."""
     model.window = 2000
-    proxy = await make_proxy({"models": {"default": {"context_window": 2000}}})
+    proxy = await make_proxy({"models": {"default": {"context_window": 2000}},
+                              "dialects": {"responses": {"upstream_compaction": True}}})
     client = async_client(proxy.url)
     small = await client.responses.with_raw_response.create(model="m", input="hello", **fields)
     assert small.status_code == 200
@@ -303,35 +305,6 @@ async def test_random_responses_bodies_are_answered_never_with_a_5xx(body: dict[
 
 # --- POST /v1/responses/compact, and the proxy's compaction items on later requests -------------------------
 
-async def post_json(url: str, body: dict[str, Any]) -> tuple[int, Any, Any]:
-    async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
-        return response.status, response.headers, await response.json()
-
-
-async def test_compact_returns_one_sealed_summary_that_the_next_request_opens(model: ResponsesModel,
-                                                                               fake: FakeUpstream,
-                                                                               make_proxy: ProxyFactory) -> None:
-    """Codex's remote compaction against any upstream: the answer holds one compaction item sealing the summary
-    (every FACT of the history kept), the latest round verbatim; resent with a new message, the item reaches the
-    upstream as the summary's text, never as the envelope."""
-    proxy = await make_proxy({"models": {"default": {"context_window": WINDOW}}})
-    history = long_input(30)
-    status, headers, answer = await post_json(f"{proxy.url}/v1/responses/compact", {"model": "m", "input": history})
-    assert status == 200 and answer["object"] == "response.compaction", answer
-    compactions = [item for item in answer["output"] if item.get("type") == "compaction"]
-    assert len(compactions) == 1 and opened(compactions[0]["encrypted_content"]) is not None
-    assert "FACT-7" in opened(compactions[0]["encrypted_content"])
-    assert answer["output"][-2:] == history[-2:]  # the latest round, as the client sent it
-    assert headers["x-compaction"] == "requested" and answer["usage"]["input_tokens"] > 0
-    assert len(json.dumps(answer["output"])) < len(json.dumps(history)) / 2
-    follow_up = [*answer["output"], {"role": "user", "content": "And now?"}]
-    status, _, _ = await post_json(f"{proxy.url}/v1/responses", {"model": "m", "input": follow_up})
-    assert status == 200
-    sent = model.received[-1]["input"]
-    assert not [item for item in sent if item.get("type") == "compaction"]
-    assert any("FACT-7" in json.dumps(item) for item in sent if item.get("role") == "user")
-
-
 async def test_another_issuers_compaction_item_travels_byte_for_byte(model: ResponsesModel, fake: FakeUpstream,
                                                                      make_proxy: ProxyFactory) -> None:
     proxy = await make_proxy()
@@ -341,12 +314,3 @@ async def test_another_issuers_compaction_item_travels_byte_for_byte(model: Resp
     async with aiohttp.ClientSession() as session, session.post(f"{proxy.url}/v1/responses", data=raw) as response:
         assert response.status == 200
     assert [request.body for request in fake.requests if request.path == "/v1/responses"] == [raw]
-
-
-async def test_compact_says_why_when_there_is_nothing_to_compact(model: ResponsesModel,
-                                                                 make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy()
-    status, _, answer = await post_json(f"{proxy.url}/v1/responses/compact",
-                                        {"model": "m", "input": "hi", "previous_response_id": "resp_1"})
-    assert status == 400 and "compact" in answer["error"]["message"]
-    assert model.received == []

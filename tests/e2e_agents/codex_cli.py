@@ -43,6 +43,20 @@ def codex_home(home: Path, base_url: str) -> dict[str, str]:
             "NO_COLOR": "1", "RUST_LOG": "error"}
 
 
+def openai_codex_home(home: Path, base_url: str, extra_config: str = "") -> dict[str, str]:
+    """A CODEX_HOME on Codex's built-in OpenAI provider pointed at the proxy, and the environment to run codex in.
+
+    Only the built-in provider (name "OpenAI") gets remote compaction (`compaction_trigger`); a custom
+    [model_providers.x] compacts with an inline prompt. `openai_base_url` in config.toml moves it (the
+    OPENAI_BASE_URL variable does not: codex 0.171.0 then goes to api.openai.com). `codex exec` sends no
+    Authorization with OPENAI_API_KEY alone; CODEX_API_KEY is its key (as `codex login --with-api-key` is)."""
+    env = codex_home(home, base_url)
+    (home / "config.toml").write_text(
+        f'model = "fake-codex"\nopenai_base_url = "{base_url}/v1"\n{extra_config}', encoding="utf-8")
+    del env["PROXY_TEST_KEY"]
+    return {**env, "CODEX_API_KEY": "sk-test"}
+
+
 async def codex_exec(binary: Path, env: dict[str, str], workdir: Path, prompt: str, timeout: float) -> CodexRun:
     loop = asyncio.get_running_loop()
     started = loop.time()

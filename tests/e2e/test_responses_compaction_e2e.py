@@ -1,0 +1,188 @@
+"""OpenAI's compaction contract served by the proxy in front of an upstream that has none: POST /responses/compact,
+Codex's `compaction_trigger` turn (JSON and stream), and a `context_management` entry's `compact_threshold` — each
+answered with one self-contained compaction item that the proxy opens again on the next request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+from proxy.core.envelope import PREFIX, opened
+from proxy.upstream.streaming import SseDecoder
+from tests.conftest import ProxyFactory
+from tests.e2e.test_responses_e2e import long_input, pairing_problems
+from tests.fakes.openai_upstream import FakeUpstream
+from tests.fakes.responses_agent import INSTRUCTION
+from tests.fakes.responses_model import ResponsesModel
+from tests.fakes.windowed import WindowedModel
+
+WINDOW = 8000
+TRIGGER = {"type": "compaction_trigger"}
+CONFIG = {"models": {"default": {"context_window": WINDOW}}}
+
+
+@pytest.fixture
+def model(fake: FakeUpstream) -> ResponsesModel:
+    responses = ResponsesModel(window=WINDOW)
+    fake.responses_hook = responses
+    fake.chat_hook = WindowedModel(window=32_768)  # the summariser's model, on chat completions
+    return responses
+
+
+async def post(url: str, body: dict[str, Any]) -> tuple[int, Any, bytes]:
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
+        return response.status, response.headers, await response.read()
+
+
+def events_of(raw: bytes) -> list[dict[str, Any]]:
+    decoder = SseDecoder()
+    return [event.json() for event in [*decoder.feed(raw), *decoder.flush()]]
+
+
+def the_compaction(output: list[dict[str, Any]]) -> dict[str, Any]:
+    items = [item for item in output if item.get("type") == "compaction"]
+    assert len(items) == 1 and len(output) == 1, output  # exactly one output item, the compaction
+    assert items[0]["id"].startswith("cmp_") and items[0]["encrypted_content"].startswith(PREFIX)
+    return items[0]
+
+
+def codex_follow_up(history: list[dict[str, Any]], item: dict[str, Any], text: str) -> list[dict[str, Any]]:
+    """The next input as Codex builds it after a compaction: its user messages kept, then the compaction item,
+    then its context again and the new message."""
+    users = [entry for entry in history if entry.get("role") == "user"]
+    return [*users, item, {"role": "developer", "content": "sandbox: workspace-write"},
+            {"role": "user", "content": text}]
+
+
+async def test_compact_answers_one_item_that_stands_for_the_whole_conversation(
+        model: ResponsesModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(CONFIG)
+    history = long_input(30)
+    status, headers, raw = await post(f"{proxy.url}/v1/responses/compact", {"model": "m", "input": history})
+    answer = json.loads(raw)
+    assert status == 200 and answer["object"] == "response.compaction", answer
+    sealed = opened(the_compaction(answer["output"])["encrypted_content"])
+    assert sealed is not None and "FACT-7" in (sealed.summary or "")
+    assert list(sealed.after[-2:]) == history[-2:]  # the latest round, as the client sent it
+    assert headers["x-compaction"] == "requested" and answer["usage"]["input_tokens"] > 0
+    assert len(json.dumps(answer["output"])) < len(json.dumps(history)) / 2
+    assert model.received == []  # nothing was sent to the model for it
+    follow_up = [*answer["output"], {"role": "user", "content": "And now?"}]
+    status, _, _ = await post(f"{proxy.url}/v1/responses", {"model": "m", "input": follow_up})
+    assert status == 200
+    sent = model.received[-1]["input"]
+    assert not [item for item in sent if item.get("type") == "compaction"]
+    assert sent[-3:] == [*history[-2:], {"role": "user", "content": "And now?"}]
+    assert any("FACT-7" in json.dumps(item) for item in sent if item.get("role") == "user")
+    assert pairing_problems(model.received[-1], model) == []
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_a_compaction_trigger_is_answered_with_exactly_one_compaction_item(
+        stream: bool, model: ResponsesModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    """Codex's remote compaction (v2): the proxy answers the turn itself, as a stream of the Responses events
+    when asked; the next request, built as Codex builds it, reaches the upstream as summary and kept items, each
+    user message once, every output after its call."""
+    proxy = await make_proxy(CONFIG)
+    history = long_input(30)
+    status, headers, raw = await post(f"{proxy.url}/v1/responses", {
+        "model": "m", "input": [*history, TRIGGER], "stream": stream, "store": False, "instructions": "be useful"})
+    assert status == 200 and headers["x-compaction"] == "requested"
+    if stream:
+        assert headers["content-type"].startswith("text/event-stream")
+        events = events_of(raw)
+        assert [event["type"] for event in events] == [
+            "response.created", "response.in_progress", "response.output_item.added", "response.output_item.done",
+            "response.completed"]
+        assert [event["sequence_number"] for event in events] == list(range(5))
+        response = events[-1]["response"]
+        assert events[3]["item"] == response["output"][0]
+    else:
+        response = json.loads(raw)
+    assert response["object"] == "response" and response["status"] == "completed"
+    item = the_compaction(response["output"])
+    assert response["usage"]["input_tokens"] > response["usage"]["output_tokens"] > 0
+    assert model.received == []  # the trigger never reaches an upstream that cannot read it
+    follow_up = codex_follow_up(history, item, "Carry on.")
+    status, _, _ = await post(f"{proxy.url}/v1/responses", {"model": "m", "input": follow_up})
+    assert status == 200
+    sent = model.received[-1]["input"]
+    assert not [entry for entry in sent if entry.get("type") in ("compaction", "compaction_trigger")]
+    assert [entry for entry in sent if entry.get("content") == INSTRUCTION] == [history[0]]  # once, not twice
+    assert any("FACT-7" in json.dumps(entry) for entry in sent if entry.get("role") == "user")
+    assert history[-2] in sent and history[-1] in sent and sent[-1] == {"role": "user", "content": "Carry on."}
+    assert pairing_problems(model.received[-1], model) == []
+
+
+@pytest.mark.parametrize(("config", "outcome"), [
+    ({"compaction": {"enabled": False}}, "none"),
+    ({"dialects": {"responses": {"upstream_compaction": True}}}, "not-applicable"),
+])
+async def test_a_trigger_the_proxy_may_not_answer_goes_to_the_upstream_untouched(
+        config: dict[str, Any], outcome: str, model: ResponsesModel, fake: FakeUpstream,
+        make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy({**CONFIG, **config})
+    body = json.dumps({"model": "m", "input": [*long_input(3), TRIGGER]}).encode()
+    async with aiohttp.ClientSession() as session, session.post(f"{proxy.url}/v1/responses", data=body) as response:
+        await response.read()
+        assert response.headers["x-compaction"] == outcome
+    assert [request.body for request in fake.requests if request.path == "/v1/responses"] == [body]
+
+
+async def test_compact_the_proxy_may_not_answer_goes_to_the_upstream(model: ResponsesModel, fake: FakeUpstream,
+                                                                    make_proxy: ProxyFactory) -> None:
+    """A history kept upstream, or an upstream that compacts by itself: the request is the upstream's to answer."""
+    proxy = await make_proxy({"dialects": {"responses": {"upstream_compaction": True}}})
+    body = {"model": "m", "input": long_input(3)}
+    status, _, _ = await post(f"{proxy.url}/v1/responses/compact", body)
+    assert [json.loads(request.body) for request in fake.requests if request.path == "/v1/responses/compact"] == \
+        [body]
+    assert status == 404  # the fake has no such route: its answer, not the proxy's
+    proxy = await make_proxy()
+    await post(f"{proxy.url}/v1/responses/compact", {**body, "previous_response_id": "resp_1"})
+    assert len([request for request in fake.requests if request.path == "/v1/responses/compact"]) == 2
+
+
+async def test_a_trigger_whose_summary_fails_says_so_and_changes_nothing(model: ResponsesModel, fake: FakeUpstream,
+                                                                        make_proxy: ProxyFactory) -> None:
+    fake.chat_hook = WindowedModel(window=32_768, summarizer_down=True)
+    proxy = await make_proxy(CONFIG)
+    status, _, raw = await post(f"{proxy.url}/v1/responses",
+                                {"model": "m", "input": [*long_input(30), TRIGGER], "stream": True})
+    assert status == 502 and json.loads(raw)["error"]["code"] == "compaction_failed"
+    assert model.received == []
+
+
+async def test_concurrent_triggers_for_one_conversation_share_one_summary(model: ResponsesModel, fake: FakeUpstream,
+                                                                         make_proxy: ProxyFactory) -> None:
+    summariser = WindowedModel(window=32_768, summary_delay=0.3)
+    fake.chat_hook = summariser
+    proxy = await make_proxy(CONFIG)
+    body = {"model": "m", "input": [*long_input(30), TRIGGER], "stream": True}
+    answers = await asyncio.gather(*(post(f"{proxy.url}/v1/responses", body) for _ in range(4)))
+    items = [the_compaction(events_of(raw)[-1]["response"]["output"]) for status, _, raw in answers]
+    assert all(status == 200 for status, _, _ in answers)
+    summaries = {sealed.summary for sealed in (opened(item["encrypted_content"]) for item in items) if sealed}
+    assert len(summaries) == 1 and None not in summaries
+    assert len(summariser.summarizer_calls) == 1
+
+
+async def test_a_compact_threshold_below_the_proxys_own_is_honoured(model: ResponsesModel, fake: FakeUpstream,
+                                                                   make_proxy: ProxyFactory) -> None:
+    """`context_management: [{type: compaction, compact_threshold}]` asks for compaction past that many tokens;
+    an upstream without it never sees the entry. Below the threshold the conversation goes on whole."""
+    proxy = await make_proxy({"models": {"default": {"context_window": 100_000}}})
+    managed = {"context_management": [{"type": "compaction", "compact_threshold": 3000}]}
+    short = long_input(1)
+    status, headers, _ = await post(f"{proxy.url}/v1/responses", {"model": "m", "input": short, **managed})
+    assert status == 200 and headers["x-compaction"] == "none"
+    assert model.received[-1] == {"model": "m", "input": short}
+    history = long_input(30)
+    status, headers, _ = await post(f"{proxy.url}/v1/responses", {"model": "m", "input": history, **managed})
+    assert status == 200 and headers["x-compaction"] == "proactive"
+    assert int(headers["x-compaction-tokens-after"]) < 3000 < int(headers["x-compaction-tokens-before"])
+    assert "context_management" not in model.received[-1] and model.prompts[-1] < 3000
