@@ -369,9 +369,19 @@ class Pipeline(Generic[C]):
             assert journey is not None
             self._learn(journey, usage)
 
-        return journey_answer(self._upstream, attempt, headers, tap=self._dialect.tap(call, hide_usage=hide_usage),
+        announce = self._announced(journey) if journey is not None and attempt.ok else None
+        return journey_answer(self._upstream, attempt, headers,
+                              tap=self._dialect.tap(call, hide_usage=hide_usage, announce=announce),
                               on_done=on_done if learn else None,
-                              reshape=lambda body: self._dialect.answer_body(call, attempt.status, body))
+                              reshape=lambda body: self._dialect.answer_body(call, attempt.status, body, announce))
+
+    def _announced(self, journey: Journey[C]) -> Any:
+        """What the answer tells a client that asked to hear of compactions; the conversation whole, not elided:
+        a client may drop what the item stands for, so it must hold every word of it."""
+        conversation = journey.conversation
+        if conversation.record is None:
+            return None
+        return self._dialect.announced(journey.call, journey.view, conversation.messages, conversation.synthetic)
 
     def _learn(self, journey: Journey[C], usage: Usage | None) -> None:
         """After a good answer: calibrate the estimate, and start the next summary early if usage is high."""

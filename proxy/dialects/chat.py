@@ -85,10 +85,13 @@ class ChatDialect:
     def usage(self, payload: Any) -> Usage | None:
         return chat_usage(usage_of(payload))
 
-    def tap(self, call: ChatCall, *, hide_usage: bool) -> ChatTap:
+    def announced(self, call: ChatCall, view: View, history: list[Message], synthetic: frozenset[int]) -> Any:
+        return None  # chat completions have no item to tell a client of a compaction: the headers say it
+
+    def tap(self, call: ChatCall, *, hide_usage: bool, announce: Any = None) -> ChatTap:
         return ChatTap(hide_usage=hide_usage)
 
-    def answer_body(self, call: ChatCall, status: int, body: bytes) -> bytes:
+    def answer_body(self, call: ChatCall, status: int, body: bytes, announce: Any = None) -> bytes:
         return body
 
     def error_body(self, error: ProxyError) -> dict[str, Any]:

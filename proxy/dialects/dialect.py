@@ -56,11 +56,19 @@ class Dialect(AnswerReader, Protocol[CallT]):
         """Whether the client asked for usage in its stream (then nothing the proxy adds is hidden from it)."""
         ...
 
-    def tap(self, call: CallT, *, hide_usage: bool) -> StreamTap: ...
+    def announced(self, call: CallT, view: View, history: list[Message], synthetic: frozenset[int]) -> Any:
+        """What a good answer tells the client of the compaction in `history` (the conversation forwarded, its
+        summary at `synthetic`), when the client asked to be told: a Responses `compaction` item for a request with
+        a compaction `context_management` entry. None: nothing to tell, or no way to tell it in this API."""
+        ...
 
-    def answer_body(self, call: CallT, status: int, body: bytes) -> bytes:
+    def tap(self, call: CallT, *, hide_usage: bool, announce: Any = None) -> StreamTap:
+        """Watches a live answer; `announce` (from `announced`) is added to it where the API carries one."""
+        ...
+
+    def answer_body(self, call: CallT, status: int, body: bytes, announce: Any = None) -> bytes:
         """A whole answer as the client gets it: the upstream's bytes, or their translation when the upstream speaks
-        another API (a bridge)."""
+        another API (a bridge); `announce` (from `announced`) added to a good one."""
         ...
 
     def error_body(self, error: ProxyError) -> dict[str, Any]:

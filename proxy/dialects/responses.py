@@ -14,7 +14,7 @@ from proxy.core.view import View
 from proxy.dialects.body import encode_json
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses_bridge import ResponsesFromChatStream, chat_request, chat_tools, response_from_chat
-from proxy.dialects.responses_compaction import with_envelopes_opened
+from proxy.dialects.responses_compaction import AnnouncingTap, announced_body, compaction_item, with_envelopes_opened
 from proxy.dialects.responses_items import as_input_items, render, view_of_input
 from proxy.dialects.responses_request import ResponsesCall, without_trigger
 from proxy.errors import BadRequest, ProxyError
@@ -133,11 +133,17 @@ class ResponsesDialect:
     def usage(self, payload: Any) -> Usage | None:
         return responses_usage(payload)
 
-    def tap(self, call: ResponsesCall, *, hide_usage: bool) -> StreamTap:
-        return ResponsesTap()
+    def announced(self, call: ResponsesCall, view: View, history: list[Message], synthetic: frozenset[int]) -> Any:
+        """The compaction item that stands for `history`, for a client whose `context_management` entry asked the
+        proxy to compact: it may drop everything before the item from then on, as with OpenAI's own."""
+        return compaction_item(view, history, synthetic) if call.asks_compaction and not self.upstream_compacts \
+            else None
 
-    def answer_body(self, call: ResponsesCall, status: int, body: bytes) -> bytes:
-        return body
+    def tap(self, call: ResponsesCall, *, hide_usage: bool, announce: Any = None) -> StreamTap:
+        return AnnouncingTap(ResponsesTap(), announce) if announce is not None else ResponsesTap()
+
+    def answer_body(self, call: ResponsesCall, status: int, body: bytes, announce: Any = None) -> bytes:
+        return announced_body(body, announce) if announce is not None and 200 <= status < 300 else body
 
     def error_body(self, error: ProxyError) -> dict[str, Any]:
         return error.body()  # the Responses API answers errors in the same {"error": {...}} shape as chat
@@ -172,17 +178,20 @@ class ResponsesOverChatDialect(ResponsesDialect):
     def usage(self, payload: Any) -> Usage | None:
         return CHAT.usage(payload)  # the upstream answered as chat completions do
 
-    def tap(self, call: ResponsesCall, *, hide_usage: bool) -> StreamTap:
-        return ResponsesFromChatStream(call.payload)
+    def tap(self, call: ResponsesCall, *, hide_usage: bool, announce: Any = None) -> StreamTap:
+        stream = ResponsesFromChatStream(call.payload)
+        return AnnouncingTap(stream, announce) if announce is not None else stream
 
-    def answer_body(self, call: ResponsesCall, status: int, body: bytes) -> bytes:
+    def answer_body(self, call: ResponsesCall, status: int, body: bytes, announce: Any = None) -> bytes:
         if not 200 <= status < 300:
             return body  # errors keep the upstream's words: both APIs shape them {"error": {...}}
         try:
             response = response_from_chat(json.loads(body), call.payload)
         except ValueError:
             return body
-        return encode_json(response) if response is not None else body
+        if response is None:
+            return body
+        return announced_body(encode_json(response), announce) if announce is not None else encode_json(response)
 
 
 RESPONSES_OVER_CHAT = ResponsesOverChatDialect()

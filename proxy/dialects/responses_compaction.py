@@ -14,12 +14,18 @@ from proxy.core.usage import Usage
 from proxy.core.view import View
 from proxy.dialects.responses_items import as_input_items, render
 from proxy.dialects.responses_request import ResponsesCall
+from proxy.upstream.answer import StreamTap
+from proxy.upstream.streaming import SseDecoder, SseEvent
 
 Item = dict[str, Any]
 # Items a client may keep beside a compaction item (Codex keeps its user messages and resends its instructions):
 # where the client holds a copy, the envelope's copy is not added again.
 _KEPT_BY_CLIENTS = frozenset({"user", "developer", "system"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+# A stream's opening events, before any output; and the events that end one without an answer.
+_PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
+_FAILURES = frozenset({"error", "response.failed"})
+_LAST = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 def with_envelopes_opened(items: Any) -> list[Any] | None:
@@ -88,8 +94,85 @@ def turn_events(response: dict[str, Any]) -> bytes:
               {"type": "response.output_item.added", "output_index": 0, "item": item},
               {"type": "response.output_item.done", "output_index": 0, "item": item},
               {"type": "response.completed", "response": response}]
-    return b"".join(f"event: {event['type']}\ndata: {json.dumps({**event, 'sequence_number': number})}\n\n".encode()
-                    for number, event in enumerate(events))
+    return b"".join(_encoded({**event, "sequence_number": number}) for number, event in enumerate(events))
+
+
+def announced_body(body: bytes, item: Item) -> bytes:
+    """A whole response with the compaction item first in its output (for a request whose `context_management`
+    entry the proxy applied); anything that is not a response object is left as it came."""
+    try:
+        response = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(response, dict) or not isinstance(response.get("output"), list):
+        return body
+    return json.dumps({**response, "output": [item, *response["output"]]}, ensure_ascii=False).encode()
+
+
+class AnnouncingTap:
+    """A response stream with the compaction item added as its first output item: announced right after the
+    preamble (`response.created`, `response.in_progress`), every later `output_index` and `sequence_number` moved
+    on to make room, the item first in the closing response's output. A stream that fails or errs before any
+    output announces nothing (the client keeps its whole history); its bytes pass unchanged."""
+
+    def __init__(self, inner: StreamTap, item: Item) -> None:
+        self._inner = inner
+        self._item = item
+        self._decoder = SseDecoder()
+        self._state = "preamble"  # then "announced" or "declined"
+
+    @property
+    def usage(self) -> Usage | None:
+        return self._inner.usage
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        return self._inner.finish_reasons
+
+    def feed(self, chunk: bytes) -> bytes:
+        return self._rewrite(self._decoder.feed(self._inner.feed(chunk)))
+
+    def finish(self) -> bytes:
+        return self._rewrite([*self._decoder.feed(self._inner.finish()), *self._decoder.flush()])
+
+    def _rewrite(self, events: list[SseEvent]) -> bytes:
+        return b"".join(self._event(event) for event in events)
+
+    def _event(self, event: SseEvent) -> bytes:
+        payload = event.json()
+        if not isinstance(payload, dict):
+            return event.raw  # a comment or keep-alive: nothing to number
+        if self._state == "preamble" and payload.get("type") not in _PREAMBLE:
+            if payload.get("type") in _FAILURES:
+                self._state = "declined"
+            else:
+                self._state = "announced"
+                return self._announcement(payload) + self._moved(payload)
+        return self._moved(payload) if self._state == "announced" else event.raw
+
+    def _announcement(self, first: dict[str, Any]) -> bytes:
+        number = first.get("sequence_number")
+        events = [{"type": "response.output_item.added", "output_index": 0, "item": self._item},
+                  {"type": "response.output_item.done", "output_index": 0, "item": self._item}]
+        if isinstance(number, int):
+            for offset, event in enumerate(events):
+                event["sequence_number"] = number + offset
+        return b"".join(_encoded(event) for event in events)
+
+    def _moved(self, payload: dict[str, Any]) -> bytes:
+        moved = dict(payload)
+        if isinstance(moved.get("sequence_number"), int):
+            moved["sequence_number"] += 2
+        if isinstance(moved.get("output_index"), int):
+            moved["output_index"] += 1
+        response = moved.get("response")
+        if moved.get("type") in _LAST and isinstance(response, dict) and isinstance(response.get("output"), list):
+            moved["response"] = {**response, "output": [self._item, *response["output"]]}
+        return _encoded(moved)
+
+
+def _encoded(event: dict[str, Any]) -> bytes:
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
 
 def _usage(usage: Usage) -> dict[str, int]:

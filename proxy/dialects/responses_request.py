@@ -32,6 +32,13 @@ class ResponsesCall(JsonCall):
             or self.compaction_requested or without_trigger(self.payload) is not None
 
     @property
+    def asks_compaction(self) -> bool:
+        """Whether a `context_management` entry asks for compaction (with or without a threshold)."""
+        entries = self.payload.get("context_management")
+        return isinstance(entries, list) and any(isinstance(entry, dict) and entry.get("type") == "compaction"
+                                                 for entry in entries)
+
+    @property
     def compact_threshold(self) -> int | None:
         """The smallest `compact_threshold` of the request's `compaction` context-management entries."""
         entries = self.payload.get("context_management")

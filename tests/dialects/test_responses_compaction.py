@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -12,7 +13,10 @@ from multidict import CIMultiDict
 
 from proxy.core.envelope import PREFIX_V1, Sealed, opened, seal
 from proxy.core.usage import Usage
+from proxy.dialects.responses import ResponsesTap
 from proxy.dialects.responses_compaction import (
+    AnnouncingTap,
+    announced_body,
     compaction_item,
     compaction_response,
     compaction_turn,
@@ -108,3 +112,65 @@ def test_the_answers_carry_the_item_and_the_usage() -> None:
 def test_any_items_open_or_not_but_never_raise(items: list[Any]) -> None:
     result = with_envelopes_opened(items)
     assert result is None or isinstance(result, list)
+
+
+def sse(events: list[dict[str, Any]]) -> bytes:
+    return b"".join(f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': n})}\n\n".encode()
+                    for n, e in enumerate(events))
+
+
+MESSAGE = {"type": "message", "id": "msg_1", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}
+COMPLETED = {"id": "resp_1", "status": "completed", "output": [MESSAGE], "usage": {"input_tokens": 9,
+                                                                                  "output_tokens": 1}}
+STREAM = sse([{"type": "response.created", "response": {"id": "resp_1", "output": []}},
+              {"type": "response.in_progress", "response": {"id": "resp_1", "output": []}},
+              {"type": "response.output_item.added", "output_index": 0, "item": MESSAGE},
+              {"type": "response.output_text.delta", "output_index": 0, "item_id": "msg_1", "delta": "hi"},
+              {"type": "response.output_item.done", "output_index": 0, "item": MESSAGE},
+              {"type": "response.completed", "response": COMPLETED}])
+ITEM = {"type": "compaction", "id": "cmp_1", "encrypted_content": "cpx2.e30"}
+
+
+def tapped(chunks: list[bytes]) -> list[dict[str, Any]]:
+    tap = AnnouncingTap(ResponsesTap(), ITEM)
+    out = b"".join(tap.feed(chunk) for chunk in chunks) + tap.finish()
+    decoder = SseDecoder()
+    assert tap.usage == Usage(9, 1)  # the inner tap still reads the stream as the upstream sent it
+    return [event.json() for event in [*decoder.feed(out), *decoder.flush()]]
+
+
+def test_a_stream_announces_the_item_first_and_moves_everything_after_it() -> None:
+    events = tapped([STREAM])
+    assert [(e["type"], e.get("output_index"), e["sequence_number"]) for e in events] == [
+        ("response.created", None, 0), ("response.in_progress", None, 1),
+        ("response.output_item.added", 0, 2), ("response.output_item.done", 0, 3),
+        ("response.output_item.added", 1, 4), ("response.output_text.delta", 1, 5),
+        ("response.output_item.done", 1, 6), ("response.completed", None, 7)]
+    assert events[2]["item"] == events[3]["item"] == ITEM
+    assert events[-1]["response"]["output"] == [ITEM, MESSAGE]
+
+
+@given(st.lists(st.integers(0, len(STREAM)), max_size=8))
+def test_the_announcement_does_not_depend_on_where_the_stream_is_cut(cuts: list[int]) -> None:
+    points = [0, *sorted(cuts), len(STREAM)]
+    assert tapped([STREAM[a:b] for a, b in itertools.pairwise(points)]) == tapped([STREAM])
+
+
+@pytest.mark.parametrize("failure", [
+    {"type": "error", "code": "context_length_exceeded", "message": "too long"},
+    {"type": "response.failed", "response": {"id": "resp_1", "status": "failed", "output": []}},
+])
+def test_a_stream_that_fails_before_any_output_announces_nothing(failure: dict[str, Any]) -> None:
+    raw = sse([{"type": "response.created", "response": {"id": "resp_1", "output": []}}, failure])
+    tap = AnnouncingTap(ResponsesTap(), ITEM)
+    assert tap.feed(raw[:7]) + tap.feed(b": keep-alive\n\n" + raw[7:]) + tap.finish() == \
+        raw[:7] + b": keep-alive\n\n" + raw[7:]
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    (json.dumps({"id": "r", "output": [MESSAGE]}).encode(), {"id": "r", "output": [ITEM, MESSAGE]}),
+    (b"not json", None), (b"[1, 2]", None), (json.dumps({"error": {"message": "x"}}).encode(), None),
+])
+def test_a_whole_response_gets_the_item_first_and_anything_else_passes(body: bytes, expected: Any) -> None:
+    out = announced_body(body, ITEM)
+    assert (json.loads(out) == expected) if expected is not None else out == body

@@ -186,3 +186,75 @@ async def test_a_compact_threshold_below_the_proxys_own_is_honoured(model: Respo
     assert status == 200 and headers["x-compaction"] == "proactive"
     assert int(headers["x-compaction-tokens-after"]) < 3000 < int(headers["x-compaction-tokens-before"])
     assert "context_management" not in model.received[-1] and model.prompts[-1] < 3000
+
+
+def outputs_answered(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The model's output items as the client resends them, each function call with its result after it."""
+    items = [item for item in output if item.get("type") != "compaction"]
+    return [*items, *({"type": "function_call_output", "call_id": item["call_id"], "output": "ok"}
+                      for item in items if item.get("type") == "function_call")]
+
+
+async def response_of(raw: bytes, stream: bool) -> dict[str, Any]:
+    if not stream:
+        answer: dict[str, Any] = json.loads(raw)
+        return answer
+    events = events_of(raw)
+    numbers = [event["sequence_number"] for event in events]
+    assert numbers == sorted(set(numbers)), numbers  # still one count, in order
+    done = [event for event in events if event["type"] == "response.output_item.done"]
+    last: dict[str, Any] = events[-1]["response"]
+    assert [event["item"] for event in done] == last["output"]  # the events and the closing response agree
+    assert [event["output_index"] for event in done] == list(range(len(done)))
+    return last
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_client_asking_for_context_management_hears_of_each_compaction(
+        stream: bool, model: ResponsesModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    """As with OpenAI's own: the compacted turn's output opens with a compaction item, and the client may drop
+    everything before it; its next request, so dropped, reaches the upstream as summary and kept items."""
+    proxy = await make_proxy({"models": {"default": {"context_window": 100_000}}})
+    managed = {"context_management": [{"type": "compaction", "compact_threshold": 3000}], "stream": stream}
+    history = long_input(30)
+    status, headers, raw = await post(f"{proxy.url}/v1/responses", {"model": "m", "input": history, **managed})
+    assert status == 200 and headers["x-compaction"] == "proactive"
+    response = await response_of(raw, stream)
+    item = response["output"][0]
+    assert item["type"] == "compaction" and [entry["type"] for entry in response["output"][1:]] == \
+        ["reasoning", "function_call", "function_call"]  # the model's own output, whole, after it
+    follow_up = [item, *outputs_answered(response["output"])]
+    status, headers, raw = await post(f"{proxy.url}/v1/responses", {"model": "m", "input": follow_up, **managed})
+    assert status == 200 and headers["x-compaction"] in ("none", "reused")
+    sent = model.received[-1]["input"]
+    assert not [entry for entry in sent if entry.get("type") == "compaction"]
+    assert any("FACT-7" in json.dumps(entry) for entry in sent if entry.get("role") == "user")
+    assert sent[-len(follow_up) + 1:] == follow_up[1:] and pairing_problems(model.received[-1], model) == []
+    assert model.prompts[-1] < 3000
+
+
+async def test_without_the_entry_or_without_a_compaction_nothing_is_announced(
+        model: ResponsesModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(CONFIG)
+    status, headers, raw = await post(f"{proxy.url}/v1/responses", {"model": "m", "input": long_input(30)})
+    assert status == 200 and headers["x-compaction"] == "proactive"
+    assert [entry["type"] for entry in json.loads(raw)["output"]] == ["reasoning", "function_call", "function_call"]
+    managed = {"context_management": [{"type": "compaction", "compact_threshold": 7000}]}
+    status, headers, raw = await post(f"{proxy.url}/v1/responses", {"model": "m", "input": long_input(2), **managed})
+    assert headers["x-compaction"] == "none" and "compaction" not in [e["type"] for e in json.loads(raw)["output"]]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_chat_only_upstream_announces_the_same_way(stream: bool, fake: FakeUpstream,
+                                                           make_proxy: ProxyFactory) -> None:
+    """Through the chat bridge (upstream_api: chat) the compaction item comes first in the translated output."""
+    windowed = WindowedModel(window=32_768)
+    fake.chat_hook = windowed
+    proxy = await make_proxy({"models": {"default": {"context_window": 100_000}},
+                              "dialects": {"responses": {"upstream_api": "chat"}}})
+    managed = {"context_management": [{"type": "compaction", "compact_threshold": 3000}], "stream": stream}
+    status, headers, raw = await post(f"{proxy.url}/v1/responses", {"model": "m", "input": long_input(30), **managed})
+    assert status == 200 and headers["x-compaction"] == "proactive", raw[:500]
+    response = await response_of(raw, stream)
+    assert response["output"][0]["type"] == "compaction" and len(response["output"]) >= 2
+    assert "context_management" not in windowed.chat_calls[-1].body
