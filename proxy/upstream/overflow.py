@@ -269,8 +269,15 @@ def overflow_in_answer(payload: Any) -> bool:
 
 
 def _has_overflow_finish(payload: Any) -> bool:
-    if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
+    """A finish that says the window ran out: a chat choice's `finish_reason`, or a response's (Responses API, whole
+    or in a stream's closing event) `incomplete_details.reason`."""
+    if not isinstance(payload, dict):
         return False
+    if not isinstance(payload.get("choices"), list):
+        response = payload.get("response", payload)
+        details = response.get("incomplete_details") if isinstance(response, dict) else None
+        reason = details.get("reason") if isinstance(details, dict) else None
+        return isinstance(reason, str) and reason.lower() in _OVERFLOW_FINISH_REASONS
     return any(
         isinstance(choice, dict) and str(choice.get("finish_reason")).lower() in _OVERFLOW_FINISH_REASONS
         for choice in payload["choices"]

@@ -135,9 +135,11 @@ def is_content_event(event: SseEvent) -> bool:
         if choice.get("finish_reason") or choice.get("text"):
             return True
     kind = payload.get("type")  # not str(): a hostile value can be nested too deep to print
-    return isinstance(kind, str) and (kind.endswith(".delta") or kind in {"content_block_start", "content_block_delta"})
+    return isinstance(kind, str) and (kind.endswith(".delta") or kind in _CONTENT_TYPES)
 
 
+# Output in Anthropic's stream, and the Responses API's end of an answer (whose finish may still say overflow).
+_CONTENT_TYPES = frozenset({"content_block_start", "content_block_delta", "response.completed", "response.incomplete"})
 # The Responses API opens a stream with lifecycle events that carry no output yet; an overflow error follows them.
 _PREAMBLE_TYPES = frozenset({"response.created", "response.in_progress", "response.queued"})
 

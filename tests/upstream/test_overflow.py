@@ -81,6 +81,14 @@ def test_corpus_agreement_is_total() -> None:
 
 
 LOOKALIKES: list[tuple[str, int, str | bytes]] = [
+    ("responses-incomplete-max-output", 200, json.dumps({"object": "response", "status": "incomplete",
+        "incomplete_details": {"reason": "max_output_tokens"}, "output": []})),
+    # A finished response: an error event after it is not this prompt's overflow.
+    ("responses-stream-completed-then-error", 200,
+        'event: response.created\ndata: {"type":"response.created"}\n\n'
+        'event: response.completed\ndata: {"type":"response.completed","response":{"status":"completed",'
+        '"incomplete_details":null,"output":[]}}\n\n'
+        'event: error\ndata: {"type":"error","error":{"message":"' + OVERFLOW_MESSAGE + '"}}\n\n'),
     ("429-tpm-request-too-large", 429, error_body(
         "Request too large for gpt-4o on tokens per min (TPM): Limit 30000, Requested 342389.",
         code="rate_limit_exceeded")),
@@ -155,6 +163,13 @@ POSITIVES: list[tuple[str, int, str | bytes]] = [
         'event: response.in_progress\ndata: {"type":"response.in_progress"}\n\n'
         'event: response.failed\ndata: {"type":"response.failed","response":{"error":'
         '{"code":"Context_Length_Exceeded","message":"too big"}}}\n\n'),
+    # A response that ends because the window ran out, in its finish (a bridge carries the stop reason over).
+    ("responses-incomplete-window", 200, json.dumps({"object": "response", "status": "incomplete", "output": [],
+        "incomplete_details": {"reason": "model_context_window_exceeded"}})),
+    ("responses-stream-incomplete-window", 200,
+        'event: response.created\ndata: {"type":"response.created"}\n\n'
+        'event: response.incomplete\ndata: {"type":"response.incomplete","response":{"status":"incomplete",'
+        '"incomplete_details":{"reason":"model_context_window_exceeded"},"output":[]}}\n\n'),
     ("crlf-sse-error", 200, sse({"error": {"message": OVERFLOW_MESSAGE}}).replace("\n", "\r\n")),
     ("413-names-the-window", 413, error_body("prompt is too long: 211180 tokens > 200000 maximum")),
     ("invalid-utf8-around-message", 400, b"\xff\xfe" + OVERFLOW_MESSAGE.encode() + b"\x80"),
