@@ -33,24 +33,21 @@ def responses_usage(record: Any) -> Usage | None:
 
 
 def read_call(body: bytes, headers: Mapping[str, str], query: str, *, upstream_compacts: bool) -> ResponsesCall:
-    """The request as the journey reads it. Where the upstream does not compact, the proxy honours OpenAI's
-    compaction contract itself: a closing `compaction_trigger` is the proxy's to answer (taken out of the input,
-    the body kept as sent), a `context_management` entry is the proxy's to apply (taken out of the body the
-    upstream sees), and the proxy's own compaction items are opened into what they stand for (no upstream can read
-    them; another issuer's items pass byte for byte)."""
+    """The request as the journey reads it. The proxy's own compaction items are opened into what they stand for
+    (no upstream can read them; another issuer's items pass byte for byte). Where the upstream does not compact,
+    the proxy honours OpenAI's compaction contract itself: a closing `compaction_trigger` is the proxy's to answer
+    (out of the conversation read, still in the body should the request be forwarded), and a `context_management`
+    entry is the proxy's to apply (out of the body the upstream sees)."""
     call = ResponsesCall.parse(body, headers, query)
-    if upstream_compacts:
-        return call
-    payload, body = call.payload, call.body
-    asked = without_trigger(payload)
-    if asked is not None:
-        payload = asked
+    payload = call.payload
     items = with_envelopes_opened(payload.get("input"))
     if items is not None:
         payload = {**payload, "input": items}
-    if "context_management" in payload or items is not None:
-        body = encode_json({key: value for key, value in payload.items() if key != "context_management"})
-    return replace(call, payload=payload, body=body, compaction_requested=asked is not None)
+    withheld = () if upstream_compacts else ("context_management",)  # read here, never the upstream's to see
+    if items is not None or any(key in payload for key in withheld):
+        body = encode_json({key: value for key, value in payload.items() if key not in withheld})
+    asked = None if upstream_compacts else without_trigger(payload)
+    return replace(call, payload=asked or payload, body=body, compaction_requested=asked is not None)
 
 
 class ResponsesTap:

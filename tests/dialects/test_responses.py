@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
+from proxy.core.envelope import Sealed, seal
 from proxy.core.tokens import REPLY_PRIMER, TokenCounter
 from proxy.core.usage import Usage
 from proxy.dialects.dialect import Dialect
@@ -184,3 +185,18 @@ def test_the_proxy_errors_keep_the_openai_shape() -> None:
 ])
 def test_why_a_request_is_left_to_the_upstream(fields: dict[str, Any], reason: str | None) -> None:
     assert RESPONSES.left_alone(call(**fields)) == reason
+
+
+def test_the_proxys_own_items_are_opened_whatever_the_upstream_and_a_trigger_stays_in_the_body() -> None:
+    """An upstream that compacts by itself cannot read the proxy's items either; and a trigger the proxy does not
+    answer (compaction off) must reach the upstream as it was sent."""
+    ours = {"type": "compaction", "id": "cmp_1", "encrypted_content": seal(Sealed((), "the summary", ()))}
+    fields = {"model": "m", "input": [ours, *INPUT, {"type": "compaction_trigger"}],
+              "context_management": [{"type": "compaction"}]}
+    for dialect in (RESPONSES, RESPONSES_COMPACTING_UPSTREAM):
+        request = dialect.parse(json.dumps(fields).encode(), CIMultiDict(), "")
+        sent = json.loads(request.body)
+        assert sent["input"][0]["content"][0]["text"] == "the summary"
+        assert sent["input"][1:] == [*INPUT, {"type": "compaction_trigger"}]
+        assert ("context_management" in sent) is (dialect is RESPONSES_COMPACTING_UPSTREAM)
+        assert request.asks_compaction and request.compaction_requested is (dialect is RESPONSES)

@@ -14,23 +14,15 @@ import pytest
 from proxy.core.envelope import PREFIX, opened
 from proxy.upstream.streaming import SseDecoder
 from tests.conftest import ProxyFactory
-from tests.e2e.test_responses_e2e import long_input, pairing_problems
+from tests.e2e.test_responses_e2e import WINDOW, long_input, model, pairing_problems
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.responses_agent import INSTRUCTION
 from tests.fakes.responses_model import ResponsesModel
 from tests.fakes.windowed import WindowedModel
 
-WINDOW = 8000
+__all__ = ["model"]  # the Responses model of the agent-loop tests (window WINDOW), this module's fixture too
 TRIGGER = {"type": "compaction_trigger"}
 CONFIG = {"models": {"default": {"context_window": WINDOW}}}
-
-
-@pytest.fixture
-def model(fake: FakeUpstream) -> ResponsesModel:
-    responses = ResponsesModel(window=WINDOW)
-    fake.responses_hook = responses
-    fake.chat_hook = WindowedModel(window=32_768)  # the summariser's model, on chat completions
-    return responses
 
 
 async def post(url: str, body: dict[str, Any]) -> tuple[int, Any, bytes]:
