@@ -90,6 +90,17 @@ async def main() -> None:
                        f"{'stream' if stream else 'json'}", WindowedModel(window=32_768), 8000,
                        lambda client, s=stream: run_responses_agent(client, 60, stream=s),
                        responses=ResponsesModel(window=8000))
+    sent: list[int] = []
+    for stream in (False, True):
+        sent.clear()
+        await scenario(f"Responses agent as above, asking `context_management` (compact_threshold 4,000) and keeping "
+                       f"only what follows the latest compaction item, {'stream' if stream else 'json'}",
+                       WindowedModel(window=32_768), 8000,
+                       lambda client, s=stream: run_responses_agent(client, 60, stream=s, compact_threshold=4000,
+                                                                    sent=sent),
+                       responses=ResponsesModel(window=8000))
+        print(f"|   items the client sent per request: largest {max(sent)}, last {sent[-1]} (181 when it keeps "
+              f"everything) | | | | | |")
     await scenario("chat, 40 turns, default 1,024 reserve", WindowedModel(window=3000), 3000,
                    lambda client: run_script(client, 40))
     await scenario("chat, 40 turns, max_tokens 256", WindowedModel(window=3000), 3000,

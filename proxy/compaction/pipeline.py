@@ -176,14 +176,15 @@ class Pipeline(Generic[C]):
         config = self._settings.compaction
         window = self._windows.window(call.model)
         threshold, target = (config.threshold if config.proactive else 0), config.target
-        asked = call.compact_threshold  # the client's own threshold (tokens), honoured when it comes sooner
-        if asked is not None and window > 0 and not 0 < threshold <= asked / window:
-            # Compacting to the operator's target would land above the client's threshold: every request would
-            # cross it again. Land below it by the same share instead.
-            threshold = asked / window
-            target = min(target, threshold * TARGET_SHARE_OF_THRESHOLD)
-        return Limits(window=window, threshold=threshold,
-                      target=target, reserve=call.reserved_output(config.reserved_output_tokens),
+        reserve = call.reserved_output(config.reserved_output_tokens)
+        asked = call.compact_threshold  # the client's own threshold, in prompt tokens: honoured when it comes sooner
+        wanted = (asked + reserve) / window if asked is not None and window > 0 else 1.0
+        if asked is not None and wanted < 1 and not 0 < threshold <= wanted:
+            # Land below the client's threshold by the share the operator's target lands below its own: compacting
+            # to the operator's target could leave the next request above the client's threshold again.
+            threshold = wanted
+            target = min(target, (asked * TARGET_SHARE_OF_THRESHOLD + reserve) / window)
+        return Limits(window=window, threshold=threshold, target=target, reserve=reserve,
                       tail_share=config.tail_budget, instruction_share=config.instruction_budget,
                       max_summary_tokens=config.summarizer.max_output_tokens)
 

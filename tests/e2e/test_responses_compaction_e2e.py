@@ -16,9 +16,10 @@ from proxy.upstream.streaming import SseDecoder
 from tests.conftest import ProxyFactory
 from tests.e2e.test_responses_e2e import WINDOW, long_input, model, pairing_problems
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.fakes.responses_agent import INSTRUCTION
+from tests.fakes.responses_agent import INSTRUCTION, run_agent
 from tests.fakes.responses_model import ResponsesModel
 from tests.fakes.windowed import WindowedModel
+from tests.sdk import async_client
 
 __all__ = ["model"]  # the Responses model of the agent-loop tests (window WINDOW), this module's fixture too
 TRIGGER = {"type": "compaction_trigger"}
@@ -250,3 +251,21 @@ async def test_a_chat_only_upstream_announces_the_same_way(stream: bool, fake: F
     response = await response_of(raw, stream)
     assert response["output"][0]["type"] == "compaction" and len(response["output"]) >= 2
     assert "context_management" not in windowed.chat_calls[-1].body
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_an_sdk_agent_that_drops_what_each_compaction_item_stands_for_runs_every_round(
+        stream: bool, model: ResponsesModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    """The official SDK's agent loop, 60 rounds, asking for compaction past 4,000 tokens and keeping only the latest
+    compaction item and what came after it: every round answered, every forwarded history whole and paired, and the
+    client's own requests stay short instead of growing by three items a round."""
+    proxy = await make_proxy(CONFIG)
+    sent: list[int] = []
+    outcomes = await run_agent(async_client(proxy.url), 60, stream=stream, compact_threshold=4000, sent=sent)
+    assert len(outcomes) == 60 and len(model.received) == 60 and max(model.prompts) <= WINDOW
+    assert [problem for body in model.received for problem in pairing_problems(body, model)] == []
+    assert all(INSTRUCTION in json.dumps(body["input"][:4]) for body in model.received)  # verbatim, up front
+    assert "proactive" in outcomes and max(sent) < 60 and sent[-1] < 3 * 60 / 4, sent
+    # The client's threshold held on the prompts (the fake counts for itself), at one summary per 4 rounds or fewer.
+    assert max(model.prompts) <= 4000 and len(fake.chat_hook.summarizer_calls) <= 60 // 4, model.prompts
+    assert all("context_management" not in body for body in model.received)
