@@ -1,12 +1,25 @@
 """The OpenAI Agents SDK (its default Responses model) runs an agent with a large-output tool for 30 rounds through
-the proxy at a 4,000-token window: every round is answered (forwarded untouched, it dies near round 5)."""
+the proxy at a 4,000-token window: every round is answered (forwarded untouched, it dies near round 5); its compaction
+session has POST /responses/compact answered by the proxy for an upstream without it."""
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
+import aiohttp
 import pytest
-from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool, set_tracing_disabled
+from agents import (
+    Agent,
+    OpenAIResponsesCompactionSession,
+    OpenAIResponsesModel,
+    RunConfig,
+    Runner,
+    SQLiteSession,
+    function_tool,
+    set_tracing_disabled,
+)
 
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
@@ -50,3 +63,34 @@ async def test_an_agent_with_a_large_output_tool_runs_30_rounds_at_a_small_windo
 def read_file_outputs(model: ResponsesModel) -> set[str]:
     return {item["call_id"] for body in model.received for item in body["input"]
             if isinstance(item, dict) and item.get("type") == "function_call_output"}
+
+
+async def test_a_compaction_session_compacts_through_the_proxy_for_any_upstream(
+        model: ResponsesModel, fake: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path) -> None:
+    """The SDK's `OpenAIResponsesCompactionSession` calls `responses.compact` once a session holds 10 items and keeps
+    only its output: the proxy answers it (the upstream has no such route), and opens the compaction item into the
+    summary on every later run. Twelve runs of one large tool call each fit a 4,000-token window."""
+    set_tracing_disabled(True)
+    model.finish_after, model.parallel_calls, model.answer_results = None, 1, True
+    proxy = await make_proxy({"models": {"default": {"context_window": WINDOW}}})
+    client = async_client(proxy.url)
+    agent = Agent(name="reader", instructions="You read code.", tools=[read_file],
+                  model=OpenAIResponsesModel(model="fake-responses", openai_client=client))
+    session = OpenAIResponsesCompactionSession("reader", SQLiteSession("reader", str(tmp_path / "session.db")),
+                                               client=client, model="gpt-4.1", compaction_mode="input")
+    finals = []
+    for run in range(12):
+        result = await Runner.run(agent, f"Read file {run} and say what it defines.", session=session,
+                                  max_turns=4, run_config=RunConfig(tracing_disabled=True))
+        finals.append(result.final_output)
+    assert all(str(final).startswith("Done after") for final in finals)
+    held = await session.get_items()
+    assert [item for item in held if item.get("type") == "compaction"], held  # the session keeps the proxy's item
+    assert not [request for request in fake.requests if request.path == "/v1/responses/compact"]
+    assert not [item for body in model.received for item in body["input"]
+                if isinstance(item, dict) and item.get("type") == "compaction"]
+    assert any("recording facts" in json.dumps(body["input"]) for body in model.received)  # the summary, opened
+    assert max(model.prompts) <= WINDOW
+    async with aiohttp.ClientSession() as http, http.get(f"{proxy.url}/metrics") as response:
+        requested = re.search(r'compactions_total\{trigger="requested"\} (\d+)', await response.text())
+    assert requested is not None and int(requested.group(1)) >= 2  # the session compacted more than once

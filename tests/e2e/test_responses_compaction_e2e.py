@@ -269,3 +269,22 @@ async def test_an_sdk_agent_that_drops_what_each_compaction_item_stands_for_runs
     # The client's threshold held on the prompts (the fake counts for itself), at one summary per 4 rounds or fewer.
     assert max(model.prompts) <= 4000 and len(fake.chat_hook.summarizer_calls) <= 60 // 4, model.prompts
     assert all("context_management" not in body for body in model.received)
+
+
+async def test_a_trigger_in_front_of_a_chat_only_upstream_is_answered_the_same_way(fake: FakeUpstream,
+                                                                                   make_proxy: ProxyFactory) -> None:
+    windowed = WindowedModel(window=32_768)
+    fake.chat_hook = windowed
+    proxy = await make_proxy({**CONFIG, "dialects": {"responses": {"upstream_api": "chat"}}})
+    history = long_input(30)
+    status, headers, raw = await post(f"{proxy.url}/v1/responses", {"model": "m", "input": [*history, TRIGGER],
+                                                                    "stream": True})
+    assert status == 200 and headers["x-compaction"] == "requested"
+    item = the_compaction(events_of(raw)[-1]["response"]["output"])
+    assert windowed.chat_calls == [] and len(windowed.summarizer_calls) == 1
+    status, _, raw = await post(f"{proxy.url}/v1/responses", {"model": "m", "input": codex_follow_up(
+        history, item, "Carry on.")})
+    assert status == 200 and json.loads(raw)["object"] == "response"
+    messages = windowed.chat_calls[-1].body["messages"]
+    assert any("FACT-7" in json.dumps(message) for message in messages if message["role"] == "user")
+    assert messages[-1] == {"role": "user", "content": "Carry on."}

@@ -29,6 +29,7 @@ class ResponsesModel:
     # The JSON arguments of call `n` of turn `turn`.
     arguments: Callable[[int, int], str] = lambda turn, n: json.dumps({"path": f"src/file_{turn}_{n}.py"})
     finish_after: int | None = None  # answer in words, calling no tool, from this many responses on
+    answer_results: bool = False  # answer in words whenever the input ends with a tool's output: one call a turn
     # How a prompt past the window is refused: "json" (400), "failed_response" (200, a failed response; streams get
     # "failed_event"), "failed_event" (a stream's preamble, then response.failed), "error_event" (then `error`).
     overflow: str = "json"
@@ -84,7 +85,9 @@ class ResponsesModel:
         calls = [{"type": "function_call", "id": f"fc_{turn}_{n}", "call_id": f"call_{turn}_{n}", "name": self.tool,
                   "arguments": self.arguments(turn, n), "status": "completed"}
                  for n in range(self.parallel_calls)]
-        if self.finish_after is not None and turn >= self.finish_after:
+        last = body.get("input")[-1] if isinstance(body.get("input"), list) and body.get("input") else None
+        answered = self.answer_results and isinstance(last, dict) and last.get("type") == "function_call_output"
+        if answered or (self.finish_after is not None and turn >= self.finish_after):
             calls = [{"type": "message", "id": f"msg_{turn}", "role": "assistant", "status": "completed",
                       "content": [{"type": "output_text", "text": f"Done after {turn} rounds.", "annotations": []}]}]
         output = [reasoning, *calls]
