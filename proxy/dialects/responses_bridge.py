@@ -152,6 +152,9 @@ class ResponsesFromChatStream:
         self._request = request
         self._decoder = SseDecoder()
         self._ident = f"chat{int(time.time() * 1000)}"
+        # One creation time for every event of the response (the first chunk's, or now): the closing event
+        # repeated the clock, so a response crossing a second boundary said two different times.
+        self._created = int(time.time())
         self._started = False
         self._text: str | None = None
         self._calls: dict[int, dict[str, Any]] = {}
@@ -197,7 +200,9 @@ class ResponsesFromChatStream:
             return b""
         self._started = True
         self._ident = str(payload.get("id") or self._ident)
-        pending = {**_response(self._ident, self._request, [], None, None, payload.get("created")),
+        created = payload.get("created")
+        self._created = created if isinstance(created, int) and not isinstance(created, bool) else self._created
+        pending = {**_response(self._ident, self._request, [], None, None, self._created),
                    "status": "in_progress"}
         return self._emit({"type": "response.created", "response": pending}) + \
             self._emit({"type": "response.in_progress", "response": pending})
@@ -260,7 +265,7 @@ class ResponsesFromChatStream:
                                "output_index": len(output), "arguments": item["arguments"]})
             out += self._emit({"type": "response.output_item.done", "output_index": len(output), "item": item})
             output.append(item)
-        done = _response(self._ident, self._request, output, self._usage, self._finish, None)
+        done = _response(self._ident, self._request, output, self._usage, self._finish, self._created)
         kind = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
         return out + self._emit({"type": kind, "response": done})
 

@@ -150,3 +150,11 @@ def test_any_bytes_never_raise(noise: bytes) -> None:
     tap = ResponsesFromChatStream({})
     tap.feed(noise)
     tap.finish()
+
+
+def test_every_event_of_a_streamed_response_names_one_creation_time() -> None:
+    """The first chunk's `created`, in the preamble and the closing response alike (the closing one read the clock)."""
+    tap = ResponsesFromChatStream({"model": "m"})
+    created = {event["response"]["created_at"] for event in events(tap.feed(STREAM) + tap.finish())
+               if "response" in event}
+    assert created == {5}
