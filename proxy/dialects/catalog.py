@@ -7,10 +7,11 @@ from typing import Any
 from proxy.config import Settings
 from proxy.dialects.chat import CHAT
 from proxy.dialects.dialect import Dialect
+from proxy.dialects.messages import MESSAGES
 from proxy.dialects.responses import RESPONSES, RESPONSES_COMPACTING_UPSTREAM, RESPONSES_OVER_CHAT
 from proxy.errors import ProxyError
 
-DIALECTS: tuple[Dialect[Any], ...] = (CHAT, RESPONSES)
+DIALECTS: tuple[Dialect[Any], ...] = (CHAT, RESPONSES, MESSAGES)
 API_PREFIX = "/v1"
 
 

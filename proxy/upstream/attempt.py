@@ -12,7 +12,7 @@ import orjson
 from multidict import CIMultiDict
 
 from proxy.core.usage import Usage
-from proxy.upstream.overflow import detect_context_overflow
+from proxy.upstream.overflow import detect_context_overflow, overflow_finish
 from proxy.upstream.streaming import SseDecoder, is_error_event, is_preamble_event
 from proxy.upstream.upstream import Upstream, UpstreamRequest, response_headers
 
@@ -85,14 +85,15 @@ async def _probe_stream(upstream: Upstream, response: aiohttp.ClientResponse) ->
     """Hold the stream back only until its first event: an error there is judged (a buffered answer); anything
     else — content, a role chunk, a reasoning delta, a keep-alive comment — commits it as a live stream.
 
-    Only the Responses API's lifecycle preamble (`response.created`, ...) does not count as a first event."""
+    Only a lifecycle preamble (`response.created`, `message_start`, ...) does not count as a first event; a first
+    event that ends the answer for lack of room (Anthropic's `model_context_window_exceeded`) is judged too."""
     headers = response_headers(response.headers, decoded=True)
     decoder = SseDecoder()
     head = b""
     async for chunk in upstream.chunks(response):
         head += chunk
         events = [event for event in decoder.feed(chunk) if not is_preamble_event(event)]
-        if events and is_error_event(events[0]):
+        if events and (is_error_event(events[0]) or overflow_finish(events[0].json())):
             whole = head + await _read_rest(upstream, response)
             return Attempt(200, headers, body=whole, overflow=detect_context_overflow(200, whole))
         if events or len(head) > MAX_HEAD:

@@ -241,7 +241,7 @@ def _stream_verdict(raw: bytes) -> bool | None:
         if sse.is_content_event(event):
             # An error after output is a mid-generation failure, but a first chunk may still end the
             # answer with a window-exceeded finish reason.
-            return _has_overflow_finish(event.json())
+            return overflow_finish(event.json())
     return None
 
 
@@ -263,21 +263,23 @@ def overflow_in_answer(payload: Any) -> bool:
             found = _Findings()
             _collect(record, found, 0, is_message=True)
             return found.says_overflow()
-        if _has_overflow_finish(record):
+        if overflow_finish(record):
             return True
     return False
 
 
-def _has_overflow_finish(payload: Any) -> bool:
-    """A finish that says the window ran out: a chat choice's `finish_reason`, or a response's (Responses API, whole
-    or in a stream's closing event) `incomplete_details.reason`."""
+def overflow_finish(payload: Any) -> bool:
+    """A finish that says the window ran out: a chat choice's `finish_reason`, a response's (Responses API, whole
+    or in a stream's closing event) `incomplete_details.reason`, a message's (Messages API, whole or in a stream's
+    `message_delta`) `stop_reason`."""
     if not isinstance(payload, dict):
         return False
     if not isinstance(payload.get("choices"), list):
-        response = payload.get("response", payload)
+        response, delta = payload.get("response", payload), payload.get("delta")
         details = response.get("incomplete_details") if isinstance(response, dict) else None
-        reason = details.get("reason") if isinstance(details, dict) else None
-        return isinstance(reason, str) and reason.lower() in _OVERFLOW_FINISH_REASONS
+        reasons = [details.get("reason") if isinstance(details, dict) else None, payload.get("stop_reason"),
+                   delta.get("stop_reason") if isinstance(delta, dict) else None]
+        return any(isinstance(reason, str) and reason.lower() in _OVERFLOW_FINISH_REASONS for reason in reasons)
     return any(
         isinstance(choice, dict) and str(choice.get("finish_reason")).lower() in _OVERFLOW_FINISH_REASONS
         for choice in payload["choices"]

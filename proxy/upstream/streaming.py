@@ -138,10 +138,12 @@ def is_content_event(event: SseEvent) -> bool:
     return isinstance(kind, str) and (kind.endswith(".delta") or kind in _CONTENT_TYPES)
 
 
-# Output in Anthropic's stream, and the Responses API's end of an answer (whose finish may still say overflow).
-_CONTENT_TYPES = frozenset({"content_block_start", "content_block_delta", "response.completed", "response.incomplete"})
-# The Responses API opens a stream with lifecycle events that carry no output yet; an overflow error follows them.
-_PREAMBLE_TYPES = frozenset({"response.created", "response.in_progress", "response.queued"})
+# Output in Anthropic's stream, and the end of an answer in both newer APIs (whose finish may still say overflow).
+_CONTENT_TYPES = frozenset({"content_block_start", "content_block_delta", "message_delta", "response.completed",
+                            "response.incomplete"})
+# The Responses and Messages APIs open a stream with lifecycle events that carry no output yet (Anthropic's pings
+# may come before any): an overflow error follows them.
+_PREAMBLE_TYPES = frozenset({"response.created", "response.in_progress", "response.queued", "message_start", "ping"})
 
 
 def is_preamble_event(event: SseEvent) -> bool:

@@ -14,6 +14,7 @@ from aiohttp import web
 ChatHook = Callable[[web.Request, dict[str, Any], "FakeUpstream"], Awaitable[web.StreamResponse | None]]
 RawChatHook = Callable[[web.Request, "FakeUpstream"], Awaitable[web.StreamResponse | None]]
 ResponsesHook = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MessagesHook = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass
@@ -43,6 +44,10 @@ class FakeUpstream:
     chat_hook: ChatHook | None = None                 # takes over chat completions when it returns a response
     raw_chat_hook: RawChatHook | None = None          # like chat_hook, but before the body is parsed as JSON
     responses_hook: ResponsesHook | None = None       # serves POST /v1/responses (404 without one)
+    messages_hook: MessagesHook | None = None         # serves POST /v1/messages, Anthropic's (404 without one)
+    # POST /v1/messages/count_tokens is answered (by the hook's `count_tokens`) only when on, as not every server
+    # speaking Messages has it.
+    count_tokens: bool = False
     url: str = ""
 
     def chat_requests(self) -> list[dict[str, Any]]:
@@ -108,6 +113,8 @@ class FakeUpstreamApp:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/messages", self.messages)
+        app.router.add_post("/v1/messages/count_tokens", self.messages_count_tokens)
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_route("*", "/v1/echo/{tail:.*}", self.echo)
         app.router.add_get("/v1/endless", self.endless)
@@ -148,6 +155,20 @@ class FakeUpstreamApp:
         if self.state.responses_hook is None:
             return error(404, "Unknown request URL: POST /v1/responses", "unknown_url")
         return await self.state.responses_hook(request)
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        if self.state.messages_hook is None:
+            return error(404, "Unknown request URL: POST /v1/messages", "unknown_url")
+        return await self.state.messages_hook(request)
+
+    async def messages_count_tokens(self, request: web.Request) -> web.StreamResponse:
+        counter = getattr(self.state.messages_hook, "count_tokens", None)
+        if not self.state.count_tokens or counter is None:
+            # Anthropic's own envelope: the server speaks Messages, it only lacks this route.
+            return web.json_response({"type": "error", "error": {"type": "not_found_error", "message": "Not Found"}},
+                                     status=404)
+        answer: web.StreamResponse = await counter(request)
+        return answer
 
     async def stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         response = web.StreamResponse(headers={**_headers("req_stream"), "Content-Type": "text/event-stream"})

@@ -11,11 +11,11 @@ LABELS = {"chat", "responses", "responses_compact", "passthrough", "healthz", "r
 
 
 def test_route_constants() -> None:
-    assert ROUTES == {"/v1/chat/completions": "chat", "/v1/responses": "responses"}
+    assert ROUTES == {"/v1/chat/completions": "chat", "/v1/responses": "responses", "/v1/messages": "messages"}
     assert API_PREFIX == "/v1/"
     assert OPEN_PATHS == frozenset({"/healthz", "/readyz", "/metrics"})
     paths = [*ROUTES, API_PREFIX, *sorted(OPEN_PATHS)]
-    assert len(set(paths)) == len(paths) == 6
+    assert len(set(paths)) == len(paths) == 7
     assert all(path.startswith(API_PREFIX) for path in ROUTES)
     assert not any(path.startswith(API_PREFIX) for path in OPEN_PATHS)
 

@@ -1,0 +1,143 @@
+"""The Anthropic Messages API (`POST /v1/messages`), as Claude Code and the `anthropic` SDK speak it: a dialect of the
+journey."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.core.messages import Message
+from proxy.core.tokens import REPLY_PRIMER, TokenCounter
+from proxy.core.usage import Usage
+from proxy.core.view import View
+from proxy.dialects.body import encode_json
+from proxy.dialects.messages_blocks import alternate, render, view_of_messages
+from proxy.dialects.messages_request import MessagesCall
+from proxy.errors import ProxyError
+from proxy.upstream.answer import StreamTap
+from proxy.upstream.overflow import overflow_in_answer
+from proxy.upstream.streaming import SseDecoder
+
+# The usage fields whose sum is the prompt the model read: cached parts are reported apart from the rest.
+_INPUT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+# Anthropic's error types for the proxy's own statuses (its API reference, "Errors").
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
+                529: "overloaded_error"}
+
+
+def messages_usage(usage: Any) -> Usage | None:
+    """A Messages `usage` in the neutral form: the prompt is every input count together (cache reads and writes
+    included, as the window counts them)."""
+    if not isinstance(usage, dict) or not usage:
+        return None
+    inputs = [_count(usage.get(key)) for key in _INPUT_KEYS]
+    counted = inputs[0] is not None  # the prompt's own count; cache counts alone are not a prompt size
+    return Usage(sum(count or 0 for count in inputs) if counted else None, _count(usage.get("output_tokens")))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+class MessagesTap:
+    """A Messages stream's usage and stop reason: the input from `message_start`, the output (cumulative) and
+    `stop_reason` from `message_delta`; every byte passes on unchanged (usage is always in the stream)."""
+
+    def __init__(self) -> None:
+        self._decoder = SseDecoder()
+        self._input: int | None = None
+        self._output: int | None = None
+        self.finish_reasons: list[str] = []
+
+    @property
+    def usage(self) -> Usage | None:
+        return Usage(self._input, self._output) if self._input is not None else None
+
+    def feed(self, chunk: bytes) -> bytes:
+        self._read(self._decoder.feed(chunk))
+        return chunk
+
+    def finish(self) -> bytes:
+        self._read(self._decoder.flush())
+        return b""
+
+    def _read(self, events: list[Any]) -> None:
+        for event in events:
+            payload = event.json()
+            kind = payload.get("type") if isinstance(payload, dict) else None
+            if kind == "message_start" and isinstance(payload.get("message"), dict):
+                usage = messages_usage(payload["message"].get("usage"))
+                self._input = usage.input_tokens if usage is not None else self._input
+            elif kind == "message_delta":
+                usage = messages_usage({"input_tokens": 0, **(payload.get("usage") or {})})
+                self._output = usage.output_tokens if usage is not None else self._output
+                delta = payload.get("delta")
+                reason = delta.get("stop_reason") if isinstance(delta, dict) else None
+                if isinstance(reason, str):
+                    self.finish_reasons.append(reason)
+
+
+class MessagesDialect:
+    """The Anthropic Messages API: `messages` are compacted, `system` and tools kept as they are."""
+
+    name = "messages"
+    path = "/messages"
+
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> MessagesCall:
+        return MessagesCall.parse(body, headers, query)
+
+    def history(self, call: MessagesCall) -> View | None:
+        if self.left_alone(call) is not None:
+            return None
+        return view_of_messages(call.payload.get("messages"))
+
+    def left_alone(self, call: MessagesCall) -> str | None:
+        """Anthropic's own context management, asked of the upstream: not the proxy's to do behind it."""
+        return "upstream_manages_context" if call.payload.get("context_management") is not None else None
+
+    def forwarded(self, call: MessagesCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
+        return encode_json({**call.payload, "messages": alternate(view.back(history, render))})
+
+    def overhead(self, call: MessagesCall, counter: TokenCounter) -> int:
+        system = call.payload.get("system")
+        text = system if isinstance(system, str) else json.dumps(system, ensure_ascii=False) if system else ""
+        return counter.count_text(text) + counter.count_tools(call.payload.get("tools")) + REPLY_PRIMER
+
+    def tools(self, call: MessagesCall) -> Any:
+        """The custom tools in chat's shape, for a summariser asked with the conversation's own tools."""
+        tools = call.payload.get("tools")
+        if not isinstance(tools, list):
+            return None
+        functions = [{"type": "function", "function": {"name": tool["name"], "description": tool.get("description"),
+                                                       "parameters": tool.get("input_schema")}}
+                     for tool in tools if isinstance(tool, dict) and isinstance(tool.get("name"), str)
+                     and isinstance(tool.get("input_schema"), dict)]
+        return functions or None
+
+    def asks_usage(self, call: MessagesCall) -> bool:
+        return True  # a Messages stream always reports usage (message_start, message_delta)
+
+    def overflow(self, payload: Any) -> bool:
+        return overflow_in_answer(payload)
+
+    def usage(self, payload: Any) -> Usage | None:
+        return messages_usage(payload.get("usage")) if isinstance(payload, dict) else None
+
+    def announced(self, call: MessagesCall, view: View, history: list[Message], synthetic: frozenset[int]) -> Any:
+        return None  # Anthropic's compaction blocks are the context-management emulation's (not built yet)
+
+    def tap(self, call: MessagesCall, *, hide_usage: bool, announce: Any = None) -> StreamTap:
+        return MessagesTap()
+
+    def answer_body(self, call: MessagesCall, status: int, body: bytes, announce: Any = None) -> bytes:
+        return body
+
+    def error_body(self, error: ProxyError) -> dict[str, Any]:
+        """The proxy's own error as Anthropic shapes errors: `{"type": "error", "error": {"type", "message"}}`."""
+        kind = _ERROR_TYPES.get(error.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+MESSAGES = MessagesDialect()

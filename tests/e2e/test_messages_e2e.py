@@ -1,0 +1,110 @@
+"""The Messages API compacts like chat: the official `anthropic` SDK's agent loop, 1 instruction and 60 rounds of 2
+parallel tool_use blocks with signed thinking, through the proxy to a model that enforces its window, its
+alternation and pairing rules and its thinking signatures — JSON and streams."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import anthropic
+import pytest
+
+from tests.conftest import ProxyFactory
+from tests.fakes.messages_agent import INSTRUCTION, MAX_TOKENS, MODEL, SYSTEM, anthropic_client, run_agent
+from tests.fakes.messages_model import MessagesModel
+from tests.fakes.openai_upstream import FakeUpstream
+from tests.fakes.windowed import WindowedModel
+
+WINDOW = 16_000  # 60 rounds of ~900 tokens each (two tool results, thinking, calls): 3.4 windows
+ROUNDS = 60
+
+
+@pytest.fixture
+def model(fake: FakeUpstream) -> MessagesModel:
+    messages = MessagesModel(window=WINDOW)
+    fake.messages_hook = messages
+    fake.chat_hook = WindowedModel(window=32_768)  # the summariser's model, on chat completions
+    return messages
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_an_agent_loop_runs_every_round_past_the_window(stream: bool, model: MessagesModel,
+                                                              fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy({"models": {"default": {"context_window": WINDOW}}})
+    outcomes = await run_agent(anthropic_client(proxy.url), ROUNDS, stream=stream)
+    assert len(model.received) == ROUNDS and max(model.prompts) + MAX_TOKENS <= WINDOW
+    # Every forwarded request is one a real server takes: roles alternate, each result answers the call before it,
+    # the latest turn's thinking exactly as the model signed it (the fake refuses anything else with a 400).
+    assert [model.problem(body) for body in model.received] == [None] * ROUNDS
+    assert all(body["system"] == SYSTEM for body in model.received)
+    assert all(INSTRUCTION in json.dumps(body["messages"][:4]) for body in model.received)
+    summaries = len(fake.chat_hook.summarizer_calls)
+    first = next(index for index, outcome in enumerate(outcomes) if outcome != "none")  # the first compacted round
+    assert 0 < summaries <= 1 + (ROUNDS - first) // 4, (summaries, outcomes)
+    assert "reused" in outcomes
+
+
+async def test_forwarded_untouched_the_same_loop_dies_at_the_window(model: MessagesModel,
+                                                                    make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy({"compaction": {"enabled": False}})
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        await run_agent(anthropic_client(proxy.url), ROUNDS, stream=False)
+    assert "prompt is too long" in str(refused.value)
+    assert len(model.received) < ROUNDS
+
+
+@pytest.mark.parametrize(("stream", "style"), [(False, "json"), (True, "json"), (True, "error_event")])
+async def test_an_overflow_the_proxy_did_not_foresee_is_compacted_and_retried_once(
+        stream: bool, style: str, model: MessagesModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    """The proxy believes in a far larger window; the upstream refuses in Anthropic's words (a 400, or an `error`
+    event after `message_start`): compacted, retried once, the round answered."""
+    model.overflow = style
+    proxy = await make_proxy({"models": {"default": {"context_window": 200_000}}})
+    outcomes = await run_agent(anthropic_client(proxy.url), 30, stream=stream)
+    refused = [index for index, prompt in enumerate(model.prompts) if prompt + MAX_TOKENS > WINDOW]
+    assert refused and "reactive" in outcomes
+    assert all(model.prompts[index + 1] + MAX_TOKENS <= WINDOW for index in refused)  # each retry fit
+
+
+async def test_the_proxys_own_errors_take_anthropics_shape(model: MessagesModel, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{proxy.url}/v1/messages", data=b"{not json") as response:
+            assert response.status == 400
+            body = await response.json()
+        async with session.post(f"{proxy.url}/v1/messages", json={"model": MODEL, "max_tokens": 5, "messages": []},
+                                headers={"x-compaction-mode": "sideways"}) as response:
+            assert response.status == 400
+            mode = await response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert mode["type"] == "error" and "x-compaction-mode" in mode["error"]["message"]
+    assert model.received == []
+
+
+async def test_anthropics_own_context_management_is_left_to_the_upstream(model: MessagesModel, fake: FakeUpstream,
+                                                                        make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy({"models": {"default": {"context_window": WINDOW}}})
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
+                            "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}
+    raw = json.dumps(body).encode()
+    async with aiohttp.ClientSession() as session, session.post(f"{proxy.url}/v1/messages", data=raw) as response:
+        assert response.headers["x-compaction"] == "not-applicable"
+        assert response.headers["x-compaction-reason"] == "upstream_manages_context"
+    assert [request.body for request in fake.requests if request.path == "/v1/messages"] == [raw]
+
+
+async def test_a_proxy_key_in_x_api_key_is_not_forwarded(model: MessagesModel, fake: FakeUpstream,
+                                                         make_proxy: ProxyFactory) -> None:
+    """Claude Code sends its key as x-api-key: the proxy's key opens the proxy and goes no further; the upstream
+    gets the configured key, and Anthropic's version and beta headers as the client sent them."""
+    proxy = await make_proxy({"server": {"api_keys": ["proxy-key-0123456789"]},
+                              "upstream": {"api_key": "sk-upstream-key"}})
+    client = anthropic_client(proxy.url, api_key="proxy-key-0123456789",
+                              default_headers={"anthropic-beta": "context-1m-2025-08-07"})
+    await client.messages.create(model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "hi"}])
+    sent = [request.headers for request in fake.requests if request.path == "/v1/messages"][-1]
+    lowered = {name.lower(): value for name, value in sent.items()}
+    assert "proxy-key-0123456789" not in json.dumps(sent)
+    assert lowered["anthropic-version"] and lowered["anthropic-beta"] == "context-1m-2025-08-07"
