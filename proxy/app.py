@@ -28,7 +28,7 @@ from proxy.http.paths import refuse_escaping_paths
 from proxy.http.pin import pin_runtime, pinned
 from proxy.http.request_body import close_unread_bodies
 from proxy.http.request_log import on_response_prepare, request_log
-from proxy.http.routes import COMPACT_PATH
+from proxy.http.routes import COMPACT_PATH, COUNT_TOKENS_PATH
 from proxy.http.server_timeouts import REFUSED_BODY_LINGER, GuardedAppRunner
 from proxy.metrics import Metrics
 from proxy.store.flights import open_flights
@@ -65,6 +65,7 @@ def create_app(settings: Settings) -> web.Application:
     for path, dialect in ROUTES.items():
         app.router.add_post(path, handlers.compacting(dialect))
     app.router.add_post(COMPACT_PATH, handlers.responses_compact)
+    app.router.add_post(COUNT_TOKENS_PATH, handlers.messages_count_tokens)
     app.router.add_route("*", "/v1/{tail:.*}", handlers.passthrough)
     return app
 

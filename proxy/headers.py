@@ -14,6 +14,7 @@ SHADOW_TOKENS_BEFORE = "x-compaction-shadow-tokens-before"
 SHADOW_TOKENS_AFTER = "x-compaction-shadow-tokens-after"
 ELIDED = "x-compaction-elided"
 REASON = "x-compaction-reason"
+COUNTED_BY = "x-compaction-counted-by"  # "proxy" on a token count the proxy estimated (the upstream has none)
 MODE = "x-compaction-mode"  # a request header: a client's per-request choice
 
 # What compaction did for a request (x-compaction), and what it would have done in shadow mode. "not-applicable":

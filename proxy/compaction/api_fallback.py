@@ -61,6 +61,9 @@ class ResponsesOrChat:
     async def compacted(self, call: ResponsesCall) -> Journey[ResponsesCall]:
         return await (self._bridged if call.bridged else self._native).compacted(call)
 
+    def estimate(self, call: ResponsesCall) -> int:
+        return (self._bridged if call.bridged else self._native).estimate(call)
+
     def summary_usage(self, journey: Journey[ResponsesCall]) -> Usage:
         return self._native.summary_usage(journey)
 

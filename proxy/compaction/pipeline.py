@@ -83,6 +83,8 @@ class Serving(Protocol):
 
     def summary_usage(self, journey: Journey[Any]) -> Usage: ...
 
+    def estimate(self, call: Any) -> int: ...
+
 
 class Pipeline(Generic[C]):
     """The journey for one client API: its dialect says everything API-shaped, the rest is shared."""
@@ -146,6 +148,14 @@ class Pipeline(Generic[C]):
         if journey.conversation.record is None:
             await self._compact(journey, "requested", force=True)
         return journey
+
+    def estimate(self, call: C) -> int:
+        """The request's prompt as sent, in the upstream's tokens as far as calibration knows them (a count the
+        client asked for: POST /messages/count_tokens on an upstream without one)."""
+        view = self._dialect.history(call)
+        raw = sum(self._counter.count_each(view.messages)) + self._dialect.overhead(call, self._counter) \
+            if view is not None else self._counter.count_text(call.body.decode("utf-8", "replace"))
+        return self._calibration.adjust(call.model, raw)
 
     def summary_usage(self, journey: Journey[C]) -> Usage:
         """What a requested compaction reports: the conversation's tokens before, the summary's after."""

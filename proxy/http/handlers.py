@@ -15,7 +15,7 @@ from proxy.dialects.call import Call
 from proxy.dialects.responses_compaction import compaction_item, compaction_response, compaction_turn, turn_events
 from proxy.dialects.responses_request import ResponsesCall
 from proxy.errors import SummaryUnavailable, UpgradeRefused
-from proxy.headers import COMPACTION, REASON
+from proxy.headers import COMPACTION, COUNTED_BY, REASON
 from proxy.http.appkeys import METRICS, RUNTIME
 from proxy.http.pin import pinned
 from proxy.http.relay import deliver
@@ -63,8 +63,8 @@ def compacting(dialect: str) -> Handler:
     return handle
 
 
-async def parsed(request: web.Request, pipeline: Serving) -> Call:
-    body = await read_body(request)
+async def parsed(request: web.Request, pipeline: Serving, body: bytes | None = None) -> Call:
+    body = await read_body(request) if body is None else body
     # Parsing (and bounding) a history of many megabytes is CPU work: off the loop when it is that large.
     query = request.raw_path.partition("?")[2]
     call: Call = await off_loop_above(LARGE_JSON, len(body), pipeline.parse, body, request.headers, query)
@@ -90,6 +90,19 @@ async def responses_compact(request: web.Request) -> web.StreamResponse:
         return await forward(request, call.body)
     item, usage, headers = await compacted_item(pipeline, call)
     return web.json_response(compaction_response(item, usage), headers=headers)
+
+
+async def messages_count_tokens(request: web.Request) -> web.StreamResponse:
+    """POST /v1/messages/count_tokens: the upstream's count where it has the route (Anthropic's API does, most
+    servers do not); where it answers 404 or 405, the proxy's calibrated estimate of the request as sent."""
+    body = await read_body(request)
+    upstream = pinned(request).upstream
+    async with upstream.open(upstream_request(request, body)) as response:
+        if response.status not in (404, 405):
+            return await deliver(request, Answer.relayed(upstream, response))
+    pipeline = pinned(request).pipelines["messages"]
+    call = await parsed(request, pipeline, body)
+    return web.json_response({"input_tokens": pipeline.estimate(call)}, headers={COUNTED_BY: "proxy"})
 
 
 async def compaction_answer(pipeline: Serving, call: Call) -> web.Response:

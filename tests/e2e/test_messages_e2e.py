@@ -108,3 +108,28 @@ async def test_a_proxy_key_in_x_api_key_is_not_forwarded(model: MessagesModel, f
     lowered = {name.lower(): value for name, value in sent.items()}
     assert "proxy-key-0123456789" not in json.dumps(sent)
     assert lowered["anthropic-version"] and lowered["anthropic-beta"] == "context-1m-2025-08-07"
+
+
+async def test_count_tokens_is_the_upstreams_where_it_has_one_and_the_proxys_where_not(
+        model: MessagesModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    """Claude Code counts before it sends. An upstream without the route answers 404: the proxy answers from its
+    estimate instead, calibrated by the usage of the answers it has seen (the fake counts a tenth more than the
+    proxy's tokenizer, as a real server's tokenizer differs); with the route, the upstream's own count."""
+    proxy = await make_proxy()
+    client = anthropic_client(proxy.url)
+    request: dict[str, Any] = {"model": MODEL, "system": SYSTEM, "messages": [
+        {"role": "user", "content": INSTRUCTION * 20}]}
+    errors = []
+    for turn in range(3):
+        raw = await client.messages.with_raw_response.count_tokens(**request)
+        assert raw.headers["x-compaction-counted-by"] == "proxy"
+        truth = model.prompt_tokens({**request, "max_tokens": 1})
+        errors.append(abs((await raw.parse()).input_tokens - truth) / truth)
+        await client.messages.create(max_tokens=64, **request)  # its usage calibrates the estimate
+        request["messages"] = [{"role": "user", "content": INSTRUCTION * (20 + 10 * turn)}]
+    assert errors[0] < 0.15 and errors[-1] < 0.03, errors
+    fake.count_tokens = True
+    raw = await client.messages.with_raw_response.count_tokens(**request)
+    assert (await raw.parse()).input_tokens == model.counted[-1] and "x-compaction-counted-by" not in raw.headers
+    async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/metrics") as response:
+        assert 'route="messages_count_tokens",status="200"} 4.0' in await response.text()

@@ -7,7 +7,8 @@ import pytest
 from proxy.dialects.catalog import ROUTES
 from proxy.http.routes import API_PREFIX, OPEN_PATHS, route_of
 
-LABELS = {"chat", "responses", "responses_compact", "passthrough", "healthz", "readyz", "metrics", "other"}
+LABELS = {"chat", "responses", "messages", "responses_compact", "messages_count_tokens", "passthrough", "healthz",
+          "readyz", "metrics", "other"}
 
 
 def test_route_constants() -> None:
@@ -25,6 +26,8 @@ def test_route_constants() -> None:
     ("/v1/chat/completions/", "passthrough"),
     ("/v1/responses", "responses"),
     ("/v1/responses/compact", "responses_compact"),
+    ("/v1/messages/count_tokens", "messages_count_tokens"),
+    ("/v1/messages", "messages"),
     ("/v1/responses/compact/", "passthrough"),
     ("/v1/responses/resp_1", "passthrough"),
     ("/v1/chat/completions?stream=1", "passthrough"),
