@@ -1,8 +1,8 @@
 """Summariser calls and tokens before -> after for the scenarios agents and chats live in, at small windows.
 
 Usage: python bench/agents.py
-Each scenario drives the real proxy (in-process, on 127.0.0.1) with the openai SDK against a fake upstream that
-enforces its window by counting tokens (1.15x the proxy's own estimate, as real servers differ). It prints, per
+Each scenario drives the real proxy (in-process, on 127.0.0.1) with the openai or anthropic SDK against a fake
+upstream that enforces its window by counting tokens (more than the proxy's own estimate, as real servers differ). It prints, per
 scenario: requests, summariser calls, compactions, the tokens each compaction took the history from and to, and
 the largest prompt the upstream received.
 """
@@ -24,6 +24,9 @@ from proxy.app import start_server
 from proxy.config import settings_from_mapping
 from tests.fakes.agent import AgentModel, run_agent
 from tests.fakes.conversation import run_script
+from tests.fakes.messages_agent import anthropic_client
+from tests.fakes.messages_agent import run_agent as run_messages_agent
+from tests.fakes.messages_model import MessagesModel
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
 from tests.fakes.responses_agent import run_agent as run_responses_agent
 from tests.fakes.responses_model import ResponsesModel
@@ -46,11 +49,15 @@ class Lines(logging.Handler):
 
 
 async def scenario(label: str, model: WindowedModel, window: int, drive: Drive,
-                   responses: ResponsesModel | None = None) -> None:
-    """One row. With `responses`, the agent speaks the Responses API to it and `model` only summarises."""
+                   responses: ResponsesModel | MessagesModel | None = None) -> None:
+    """One row. With `responses`, the agent speaks the Responses or the Messages API to it and `model` only
+    summarises; `drive` gets the proxy's URL and makes its own client."""
     fake = FakeUpstream()
     fake.chat_hook = model
-    fake.responses_hook = responses
+    if isinstance(responses, MessagesModel):
+        fake.messages_hook = responses
+    else:
+        fake.responses_hook = responses
     runner, url = await serve_app(FakeUpstreamApp(fake).build())
     settings = settings_from_mapping({"upstream": {"base_url": f"{url}/v1"},
                                       "models": {"default": {"context_window": window}}}, env={})
@@ -61,7 +68,7 @@ async def scenario(label: str, model: WindowedModel, window: int, drive: Drive,
     logger.setLevel(logging.INFO)
     logger.propagate = False
     try:
-        await drive(async_client(proxy.url))
+        await drive(proxy.url)
     finally:
         logger.removeHandler(lines)
         logger.propagate = True
@@ -84,11 +91,11 @@ async def main() -> None:
     for stream in (False, True):
         await scenario(f"agent, 1 instruction + 60 tool rounds (~310 tokens, 2 parallel calls), "
                        f"{'stream' if stream else 'json'}", AgentModel(window=4000), 4000,
-                       lambda client, s=stream: run_agent(client, 60, stream=s))
+                       lambda url, s=stream: run_agent(async_client(url), 60, stream=s))
     for stream in (False, True):
         await scenario(f"Responses agent, 1 instruction + 60 tool rounds (2 parallel calls, reasoning items), "
                        f"{'stream' if stream else 'json'}", WindowedModel(window=32_768), 8000,
-                       lambda client, s=stream: run_responses_agent(client, 60, stream=s),
+                       lambda url, s=stream: run_responses_agent(async_client(url), 60, stream=s),
                        responses=ResponsesModel(window=8000))
     sent: list[int] = []
     for stream in (False, True):
@@ -96,17 +103,22 @@ async def main() -> None:
         await scenario(f"Responses agent as above, asking `context_management` (compact_threshold 4,000) and keeping "
                        f"only what follows the latest compaction item, {'stream' if stream else 'json'}",
                        WindowedModel(window=32_768), 8000,
-                       lambda client, s=stream: run_responses_agent(client, 60, stream=s, compact_threshold=4000,
-                                                                    sent=sent),
+                       lambda url, s=stream: run_responses_agent(async_client(url), 60, stream=s,
+                                                                 compact_threshold=4000, sent=sent),
                        responses=ResponsesModel(window=8000))
         print(f"|   items the client sent per request: largest {max(sent)}, last {sent[-1]} (181 when it keeps "
               f"everything) | | | | | |")
+    for stream in (False, True):
+        await scenario(f"Messages agent (anthropic SDK), 1 instruction + 60 tool rounds (2 parallel tool_use, signed "
+                       f"thinking), {'stream' if stream else 'json'}", WindowedModel(window=32_768), 16_000,
+                       lambda url, s=stream: run_messages_agent(anthropic_client(url), 60, stream=s),
+                       responses=MessagesModel(window=16_000))
     await scenario("chat, 40 turns, default 1,024 reserve", WindowedModel(window=3000), 3000,
-                   lambda client: run_script(client, 40))
+                   lambda url: run_script(async_client(url), 40))
     await scenario("chat, 40 turns, max_tokens 256", WindowedModel(window=3000), 3000,
-                   lambda client: run_script(client, 40, max_tokens=256))
+                   lambda url: run_script(async_client(url), 40, max_tokens=256))
     await scenario("chat with tool turns, 60 turns", WindowedModel(window=4096), 4096,
-                   lambda client: run_script(client, 60))
+                   lambda url: run_script(async_client(url), 60))
 
 
 if __name__ == "__main__":
