@@ -2,9 +2,9 @@
 
 Usage: python bench/agents.py
 Each scenario drives the real proxy (in-process, on 127.0.0.1) with the openai or anthropic SDK against a fake
-upstream that enforces its window by counting tokens (more than the proxy's own estimate, as real servers differ). It prints, per
-scenario: requests, summariser calls, compactions, the tokens each compaction took the history from and to, and
-the largest prompt the upstream received.
+upstream that enforces its window by counting tokens (more than the proxy's own estimate, as real servers differ).
+It prints, per scenario: requests, summariser calls, compactions, the tokens each compaction took the history from
+and to, and the largest prompt the upstream received.
 """
 
 from __future__ import annotations
