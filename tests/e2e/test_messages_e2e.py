@@ -5,6 +5,7 @@ alternation and pairing rules and its thinking signatures — JSON and streams."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -12,7 +13,7 @@ import anthropic
 import pytest
 
 from tests.conftest import ProxyFactory
-from tests.fakes.messages_agent import INSTRUCTION, MAX_TOKENS, MODEL, SYSTEM, anthropic_client, run_agent
+from tests.fakes.messages_agent import INSTRUCTION, MAX_TOKENS, MODEL, SYSTEM, anthropic_client, file_text, run_agent
 from tests.fakes.messages_model import MessagesModel
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
@@ -55,12 +56,15 @@ async def test_forwarded_untouched_the_same_loop_dies_at_the_window(model: Messa
     assert len(model.received) < ROUNDS
 
 
-@pytest.mark.parametrize(("stream", "style"), [(False, "json"), (True, "json"), (True, "error_event")])
+@pytest.mark.parametrize(("stream", "style", "sum_wording"), [
+    (False, "json", False), (True, "json", False), (True, "error_event", False), (False, "json", True)])
 async def test_an_overflow_the_proxy_did_not_foresee_is_compacted_and_retried_once(
-        stream: bool, style: str, model: MessagesModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
-    """The proxy believes in a far larger window; the upstream refuses in Anthropic's words (a 400, or an `error`
-    event after `message_start`): compacted, retried once, the round answered."""
-    model.overflow = style
+        stream: bool, style: str, sum_wording: bool, model: MessagesModel, fake: FakeUpstream,
+        make_proxy: ProxyFactory) -> None:
+    """The proxy believes in a far larger window; the upstream refuses in Anthropic's words (a 400 saying "prompt is
+    too long" or "input length and `max_tokens` exceed context limit", or an `error` event after `message_start`):
+    compacted, retried once, the round answered."""
+    model.overflow, model.sum_wording = style, sum_wording
     proxy = await make_proxy({"models": {"default": {"context_window": 200_000}}})
     outcomes = await run_agent(anthropic_client(proxy.url), 30, stream=stream)
     refused = [index for index, prompt in enumerate(model.prompts) if prompt + MAX_TOKENS > WINDOW]
@@ -133,3 +137,37 @@ async def test_count_tokens_is_the_upstreams_where_it_has_one_and_the_proxys_whe
     assert (await raw.parse()).input_tokens == model.counted[-1] and "x-compaction-counted-by" not in raw.headers
     async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/metrics") as response:
         assert 'route="messages_count_tokens",status="200"} 4.0' in await response.text()
+
+
+CORPUS = [entry for name in ("overflow_public.json", "overflow_more.json")
+          for entry in json.loads((Path(__file__).parents[1] / "fixtures" / name).read_text(encoding="utf-8"))
+          if entry["api"] == "anthropic"]
+
+
+def long_conversation(rounds: int = 20) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": INSTRUCTION}]
+    for n in range(rounds):
+        use = {"type": "tool_use", "id": f"toolu_h{n}", "name": "read_file", "input": {"path": f"{n}.py"}}
+        result = {"type": "tool_result", "tool_use_id": use["id"], "content": file_text(use["id"])}
+        messages += [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
+    return messages
+
+
+@pytest.mark.parametrize("entry", CORPUS, ids=[entry["id"] for entry in CORPUS])
+async def test_the_overflow_corpus_on_the_messages_route(entry: dict[str, Any], model: MessagesModel,
+                                                         make_proxy: ProxyFactory) -> None:
+    """Each Messages-shaped answer from the corpus, served by the upstream for a prompt past its window: an
+    overflow is compacted and retried once; anything else reaches the client as the upstream sent it."""
+    body = entry["body"] if isinstance(entry["body"], str) else json.dumps(entry["body"])
+    model.window, model.thinks = 4000, False
+    model.refusal = (entry["status"], body, entry["headers"]["content-type"].split(";")[0])
+    proxy = await make_proxy({"models": {"default": {"context_window": 100_000}}})
+    request = {"model": MODEL, "max_tokens": 256, "messages": long_conversation(), "stream": entry["stream"]}
+    async with aiohttp.ClientSession() as session, session.post(f"{proxy.url}/v1/messages", json=request) as answer:
+        status, outcome, raw = answer.status, answer.headers.get("x-compaction"), await answer.read()
+    if entry["is_context_overflow"]:
+        assert (status, outcome) == (200, "reactive"), raw[:300]
+        assert len(model.received) == 2 and model.prompts[1] + 256 <= model.window
+    else:
+        assert (status, raw) == (entry["status"], body.encode()) and outcome == "none"
+        assert len(model.received) == 1
