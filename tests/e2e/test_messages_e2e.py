@@ -171,3 +171,17 @@ async def test_the_overflow_corpus_on_the_messages_route(entry: dict[str, Any], 
     else:
         assert (status, raw) == (entry["status"], body.encode()) and outcome == "none"
         assert len(model.received) == 1
+
+
+async def test_shadow_mode_reports_and_forwards_byte_for_byte(model: MessagesModel, fake: FakeUpstream,
+                                                              make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy({"models": {"default": {"context_window": 6000}}, "compaction": {"mode": "shadow"}})
+    model.thinks = False
+    raw = json.dumps({"model": MODEL, "max_tokens": 256, "messages": long_conversation(16)}).encode()
+    async with aiohttp.ClientSession() as session, session.post(f"{proxy.url}/v1/messages", data=raw) as response:
+        assert response.status == 200 and response.headers["x-compaction"] == "none"
+        assert response.headers["x-compaction-shadow"] == "proactive"
+        assert int(response.headers["x-compaction-shadow-tokens-after"]) < \
+            int(response.headers["x-compaction-shadow-tokens-before"])
+    assert [request.body for request in fake.requests if request.path == "/v1/messages"] == [raw]
+    assert fake.chat_hook.summarizer_calls == []
