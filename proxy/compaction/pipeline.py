@@ -184,19 +184,11 @@ class Pipeline(Generic[C]):
 
     def _limits(self, call: C) -> Limits:
         config = self._settings.compaction
-        window = self._windows.window(call.model)
-        threshold, target = (config.threshold if config.proactive else 0), config.target
-        reserve = call.reserved_output(config.reserved_output_tokens)
-        asked = call.compact_threshold  # the client's own threshold, in prompt tokens: honoured when it comes sooner
-        wanted = (asked + reserve) / window if asked is not None and window > 0 else 1.0
-        if asked is not None and wanted < 1 and not 0 < threshold <= wanted:
-            # Land below the client's threshold by the share the operator's target lands below its own: compacting
-            # to the operator's target could leave the next request above the client's threshold again.
-            threshold = wanted
-            target = min(target, (asked * TARGET_SHARE_OF_THRESHOLD + reserve) / window)
-        return Limits(window=window, threshold=threshold, target=target, reserve=reserve,
-                      tail_share=config.tail_budget, instruction_share=config.instruction_budget,
-                      max_summary_tokens=config.summarizer.max_output_tokens)
+        limits = Limits(window=self._windows.window(call.model), threshold=config.threshold if config.proactive else 0,
+                        target=config.target, reserve=call.reserved_output(config.reserved_output_tokens),
+                        tail_share=config.tail_budget, instruction_share=config.instruction_budget,
+                        max_summary_tokens=config.summarizer.max_output_tokens)
+        return budget.with_client_threshold(limits, call.compact_threshold, TARGET_SHARE_OF_THRESHOLD)
 
     async def _begin(self, call: C, view: View) -> Journey[C]:
         """The journey's start: the history read (chain, counts), a stored summary spliced in, the window known."""

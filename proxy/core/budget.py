@@ -8,7 +8,7 @@ carries the `Allotment` it was planned with.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 # A summary shorter than this cannot carry the nine fields the prompt asks for.
 MIN_SUMMARY_TOKENS = 256
@@ -61,6 +61,19 @@ class Limits:
     @property
     def target_tokens(self) -> int:
         return math.floor(self.target * self.window)
+
+
+def with_client_threshold(limits: Limits, asked: int | None, target_share: float) -> Limits:
+    """`limits` with a client's own compaction threshold (prompt tokens, as a Responses `compact_threshold` counts
+    them) honoured when it comes sooner than the operator's; compaction then lands below it by `target_share` of it,
+    since the operator's target could leave the next request above the client's threshold again."""
+    if asked is None or limits.window <= 0:
+        return limits
+    wanted = (asked + limits.reserve) / limits.window  # the trigger counts the reserved output on top
+    if wanted >= 1 or 0 < limits.threshold <= wanted:
+        return limits
+    target = min(limits.target, (asked * target_share + limits.reserve) / limits.window)
+    return replace(limits, threshold=wanted, target=target)
 
 
 def over_threshold(limits: Limits, prompt_tokens: int) -> bool:

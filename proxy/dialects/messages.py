@@ -17,7 +17,7 @@ from proxy.dialects.messages_request import MessagesCall
 from proxy.errors import ProxyError
 from proxy.upstream.answer import StreamTap
 from proxy.upstream.overflow import overflow_in_answer
-from proxy.upstream.streaming import SseDecoder
+from proxy.upstream.streaming import EventWatcher, SseEvent
 
 # The usage fields whose sum is the prompt the model read: cached parts are reported apart from the rest.
 _INPUT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
@@ -41,12 +41,12 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-class MessagesTap:
+class MessagesTap(EventWatcher):
     """A Messages stream's usage and stop reason: the input from `message_start`, the output (cumulative) and
     `stop_reason` from `message_delta`; every byte passes on unchanged (usage is always in the stream)."""
 
     def __init__(self) -> None:
-        self._decoder = SseDecoder()
+        super().__init__()
         self._input: int | None = None
         self._output: int | None = None
         self.finish_reasons: list[str] = []
@@ -55,15 +55,7 @@ class MessagesTap:
     def usage(self) -> Usage | None:
         return Usage(self._input, self._output) if self._input is not None else None
 
-    def feed(self, chunk: bytes) -> bytes:
-        self._read(self._decoder.feed(chunk))
-        return chunk
-
-    def finish(self) -> bytes:
-        self._read(self._decoder.flush())
-        return b""
-
-    def _read(self, events: list[Any]) -> None:
+    def read(self, events: list[SseEvent]) -> None:
         for event in events:
             payload = event.json()
             kind = payload.get("type") if isinstance(payload, dict) else None

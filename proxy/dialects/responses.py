@@ -20,7 +20,7 @@ from proxy.dialects.responses_request import ResponsesCall, without_trigger
 from proxy.errors import BadRequest, ProxyError
 from proxy.upstream.answer import StreamTap
 from proxy.upstream.overflow import overflow_in_answer
-from proxy.upstream.streaming import SseDecoder
+from proxy.upstream.streaming import EventWatcher, SseEvent
 
 # The events that close a response stream, each carrying the whole response with its usage and status.
 _LAST_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -50,24 +50,16 @@ def read_call(body: bytes, headers: Mapping[str, str], query: str, *, upstream_c
     return replace(call, payload=asked or payload, body=body, compaction_requested=asked is not None)
 
 
-class ResponsesTap:
+class ResponsesTap(EventWatcher):
     """A Responses stream's usage and status, read from its closing event; every byte passes on unchanged (usage is
     always in the stream, so there is nothing the proxy asked for and must hide)."""
 
     def __init__(self) -> None:
-        self._decoder = SseDecoder()
+        super().__init__()
         self.usage: Usage | None = None
         self.finish_reasons: list[str] = []
 
-    def feed(self, chunk: bytes) -> bytes:
-        self._read(self._decoder.feed(chunk))
-        return chunk
-
-    def finish(self) -> bytes:
-        self._read(self._decoder.flush())
-        return b""
-
-    def _read(self, events: list[Any]) -> None:
+    def read(self, events: list[SseEvent]) -> None:
         for event in events:
             payload = event.json()
             if not isinstance(payload, dict) or payload.get("type") not in _LAST_EVENTS:

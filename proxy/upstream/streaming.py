@@ -117,6 +117,25 @@ def looks_like_sse(body: bytes | str) -> bool:
     return head.startswith((b"data:", b"event:", b"error:", b":", b"id:", b"retry:"))
 
 
+class EventWatcher:
+    """A stream tap that passes every byte on unchanged and reads each event once it is whole: a dialect's usage
+    and finish readers override `read`."""
+
+    def __init__(self) -> None:
+        self._decoder = SseDecoder()
+
+    def feed(self, chunk: bytes) -> bytes:
+        self.read(self._decoder.feed(chunk))
+        return chunk
+
+    def finish(self) -> bytes:
+        self.read(self._decoder.flush())
+        return b""
+
+    def read(self, events: list[SseEvent]) -> None:
+        raise NotImplementedError
+
+
 def is_content_event(event: SseEvent) -> bool:
     """An event that carries model output, after which an error no longer means 'prompt too long'."""
     payload = event.json()

@@ -195,3 +195,21 @@ def test_window_room_is_what_fits_window_leaves(window: int, reserve: int, promp
     window_limits = limits(window, reserve=reserve)
     assert budget.window_room(window_limits, prompt) == room
     assert budget.fits_window(window_limits, prompt) is (room >= 0)
+
+
+@pytest.mark.parametrize(("threshold", "asked", "expected"), [
+    (0.8, None, (0.8, 0.5)),                       # no client threshold: the operator's
+    (0.8, 3000, ((3000 + 1000) / 10_000, (3000 * 0.625 + 1000) / 10_000)),  # sooner: the client's, landing below
+    (0.8, 7500, (0.8, 0.5)),                       # later than the operator's: the operator's stands
+    (0.0, 3000, (0.4, (3000 * 0.625 + 1000) / 10_000)),  # proactive off: the client's still asked for
+    (0.8, 9500, (0.8, 0.5)),                       # past the window with its reserve: nothing proactive to add
+    (0.0, 9500, (0.0, 0.5)),
+])
+def test_a_client_threshold_is_honoured_when_it_comes_sooner(threshold: float, asked: int | None,
+                                                             expected: tuple[float, float]) -> None:
+    limits = budget.Limits(window=10_000, threshold=threshold, target=0.5, reserve=1000)
+    honoured = budget.with_client_threshold(limits, asked, 0.625)
+    assert (honoured.threshold, honoured.target) == pytest.approx(expected)
+    if asked is not None and honoured.threshold != threshold:  # compacting there lands below the client's threshold
+        assert honoured.target_tokens - honoured.reserve < asked
+        assert budget.over_threshold(honoured, asked + 1) and not budget.over_threshold(honoured, asked - 1)
