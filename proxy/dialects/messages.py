@@ -86,8 +86,10 @@ class MessagesDialect:
         return view_of_messages(call.payload.get("messages"))
 
     def left_alone(self, call: MessagesCall) -> str | None:
-        """Anthropic's own context management, asked of the upstream: not the proxy's to do behind it."""
-        return "upstream_manages_context" if call.payload.get("context_management") is not None else None
+        """Anthropic's own context management, asked of the upstream: not the proxy's to do behind it — unless it
+        asks for nothing to be done (Claude Code sends `clear_thinking` keeping all thinking on every request)."""
+        management = call.payload.get("context_management")
+        return None if management is None or _changes_nothing(management) else "upstream_manages_context"
 
     def forwarded(self, call: MessagesCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
         return encode_json({**call.payload, "messages": alternate(view.back(history, render))})
@@ -130,6 +132,14 @@ class MessagesDialect:
         """The proxy's own error as Anthropic shapes errors: `{"type": "error", "error": {"type", "message"}}`."""
         kind = _ERROR_TYPES.get(error.status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def _changes_nothing(management: Any) -> bool:
+    """Edits that leave the conversation as it is: thinking cleared while keeping all of it."""
+    edits = management.get("edits") if isinstance(management, dict) and set(management) == {"edits"} else None
+    return isinstance(edits, list) and all(
+        isinstance(edit, dict) and edit.get("type") == "clear_thinking_20251015"
+        and edit.get("keep") in ("all", {"type": "all"}) and set(edit) <= {"type", "keep"} for edit in edits)
 
 
 MESSAGES = MessagesDialect()

@@ -57,6 +57,17 @@ def test_a_compacted_history_alternates_and_keeps_the_round_whole() -> None:
 @pytest.mark.parametrize(("fields", "reason"), [
     ({}, None), ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
                  "upstream_manages_context"),
+    # What Claude Code sends with thinking on: an edit that changes nothing, so the proxy still compacts.
+    ({"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}}, None),
+    ({"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": {"type": "all"}}]}}, None),
+    ({"context_management": {"edits": [{"type": "clear_thinking_20251015",
+                                        "keep": {"type": "thinking_turns", "value": 1}}]}}, "upstream_manages_context"),
+    ({"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"},
+                                       {"type": "compact_20260112"}]}}, "upstream_manages_context"),
+    ({"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all", "x": 1}]}},
+     "upstream_manages_context"),
+    ({"context_management": {"edits": "all"}}, "upstream_manages_context"),
+    ({"context_management": {"edits": [], "compaction": {"type": "summarize"}}}, "upstream_manages_context"),
 ])
 def test_anthropics_own_context_management_is_left_to_the_upstream(fields: dict[str, Any],
                                                                     reason: str | None) -> None:
