@@ -38,5 +38,6 @@ def serving(dialect: Dialect[Any], settings: Settings) -> Dialect[Any]:
 
 def error_body(path: str, error: ProxyError) -> dict[str, Any]:
     """A proxy-made error as the API at `path` shapes its errors; OpenAI's shape everywhere else."""
-    dialect = _AT.get(path)
+    # A dialect's own sub-routes (/v1/messages/count_tokens) are its clients' too: they read errors the same way.
+    dialect = _AT.get(path) or next((known for route, known in _AT.items() if path.startswith(route + "/")), None)
     return dialect.error_body(error) if dialect is not None else error.body()

@@ -35,3 +35,13 @@ def test_each_dialect_shapes_the_proxy_errors_on_its_route() -> None:
     error = Unauthorized("a valid proxy API key is required")
     for dialect in DIALECTS:
         assert error_body(route_path(dialect), error) == dialect.error_body(error)
+
+
+@pytest.mark.parametrize(("path", "anthropic"), [
+    ("/v1/messages", True), ("/v1/messages/count_tokens", True), ("/v1/messagesx", False),
+    ("/v1/chat/completions", False), ("/v1/responses/compact", False), ("/v1/models", False), ("/healthz", False),
+])
+def test_a_proxy_error_takes_the_shape_of_the_api_at_its_path(path: str, anthropic: bool) -> None:
+    body = error_body(path, BadRequest("no"))
+    assert (body.get("type") == "error" and body["error"]["type"] == "invalid_request_error") is anthropic
+    assert anthropic or body == BadRequest("no").body()
