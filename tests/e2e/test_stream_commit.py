@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from typing import Any
 
@@ -67,11 +68,20 @@ def test_decoding_many_events_in_one_chunk_is_linear() -> None:
     small, large = one * 2_000, one * 40_000
     timings = []
     for body in (small, large):
-        decoder = SseDecoder()
-        started = time.process_time()
-        events = decoder.feed(body)
-        timings.append(time.process_time() - started)
-        assert b"".join(e.raw for e in events) == body
+        best = float("inf")
+        for _ in range(3):  # the best of three: the decoder's own cost, not a neighbour's burst
+            decoder = SseDecoder()
+            # The collector's full passes cost what the whole process holds (in the suite: every earlier test's
+            # objects), not what the decoder does: it ran a 40,000-event decode 100x slower than 2,000 there.
+            gc.disable()
+            try:
+                started = time.process_time()
+                events = decoder.feed(body)
+                best = min(best, time.process_time() - started)
+            finally:
+                gc.enable()
+            assert b"".join(e.raw for e in events) == body
+        timings.append(best)
     # 20x the events costs about 20x the time, not 400x: allow generous noise.
     assert timings[1] < max(timings[0], 1e-3) * 80
 
