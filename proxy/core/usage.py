@@ -14,8 +14,9 @@ class Usage:
     output_tokens: int | None = None
 
 
-def _count(value: Any) -> int | None:
-    # bool is an int to Python, never a token count to an API
+def token_count(value: Any) -> int | None:
+    """`value` when it is a token count (a whole number, 0 or more), else None: bool is an int to Python, never a
+    token count to an API."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
@@ -23,4 +24,4 @@ def usage_from(record: Any, input_key: str, output_key: str) -> Usage | None:
     """The usage in a record such as `{"prompt_tokens": 10, "completion_tokens": 5}`; None when it is not one."""
     if not isinstance(record, dict) or not record:
         return None
-    return Usage(_count(record.get(input_key)), _count(record.get(output_key)))
+    return Usage(token_count(record.get(input_key)), token_count(record.get(output_key)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, TypeGuard
 
 from multidict import CIMultiDict
 
@@ -110,8 +110,9 @@ class JsonCall:
 
     def positive(self, *keys: str) -> int | None:
         """The first of `keys` whose value is a whole number above 0 (an output cap a client set), or None."""
-        for key in keys:
-            value = self.payload.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-        return None
+        return next((value for key in keys if is_positive(value := self.payload.get(key))), None)
+
+
+def is_positive(value: Any) -> TypeGuard[int]:
+    """A whole number above 0, as a client's cap or threshold must be (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

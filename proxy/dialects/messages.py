@@ -9,7 +9,7 @@ from typing import Any
 
 from proxy.core.messages import Message
 from proxy.core.tokens import REPLY_PRIMER, TokenCounter
-from proxy.core.usage import Usage
+from proxy.core.usage import Usage, token_count
 from proxy.core.view import View
 from proxy.dialects.body import encode_json
 from proxy.dialects.messages_blocks import alternate, render, view_of_messages
@@ -32,13 +32,9 @@ def messages_usage(usage: Any) -> Usage | None:
     included, as the window counts them)."""
     if not isinstance(usage, dict) or not usage:
         return None
-    inputs = [_count(usage.get(key)) for key in _INPUT_KEYS]
+    inputs = [token_count(usage.get(key)) for key in _INPUT_KEYS]
     counted = inputs[0] is not None  # the prompt's own count; cache counts alone are not a prompt size
-    return Usage(sum(count or 0 for count in inputs) if counted else None, _count(usage.get("output_tokens")))
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return Usage(sum(count or 0 for count in inputs) if counted else None, token_count(usage.get("output_tokens")))
 
 
 class MessagesTap(EventWatcher):
@@ -63,8 +59,9 @@ class MessagesTap(EventWatcher):
                 usage = messages_usage(payload["message"].get("usage"))
                 self._input = usage.input_tokens if usage is not None else self._input
             elif kind == "message_delta":
-                usage = messages_usage({"input_tokens": 0, **(payload.get("usage") or {})})
-                self._output = usage.output_tokens if usage is not None else self._output
+                usage = payload.get("usage")  # the output so far; the input was in message_start
+                output = token_count(usage.get("output_tokens")) if isinstance(usage, dict) else None
+                self._output = output if output is not None else self._output
                 delta = payload.get("delta")
                 reason = delta.get("stop_reason") if isinstance(delta, dict) else None
                 if isinstance(reason, str):

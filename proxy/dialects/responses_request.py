@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.dialects.call import JsonCall
+from proxy.dialects.call import JsonCall, is_positive
 
 # Fields that keep the conversation upstream: the request holds only its newest part, nothing here to compact.
 UPSTREAM_HISTORY_FIELDS = ("previous_response_id", "conversation")
@@ -29,7 +29,7 @@ class ResponsesCall(JsonCall):
     def upstream_context(self) -> bool:
         """Whether the request asks the upstream to manage the context itself (compaction or truncation)."""
         return self.payload.get("context_management") is not None or self.payload.get("truncation") == "auto" \
-            or self.compaction_requested or without_trigger(self.payload) is not None
+            or without_trigger(self.payload) is not None
 
     @property
     def asks_compaction(self) -> bool:
@@ -44,7 +44,7 @@ class ResponsesCall(JsonCall):
         entries = self.payload.get("context_management")
         thresholds = [entry.get("compact_threshold") for entry in entries if isinstance(entry, dict)
                       and entry.get("type") == "compaction"] if isinstance(entries, list) else []
-        valid = [value for value in thresholds if isinstance(value, int) and not isinstance(value, bool) and value > 0]
+        valid = [value for value in thresholds if is_positive(value)]
         return min(valid) if valid else None
 
     def reserved_output(self, default: int) -> int:

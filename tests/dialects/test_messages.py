@@ -136,3 +136,12 @@ def test_the_tools_a_summariser_sees_are_the_custom_tools_in_chats_shape() -> No
     assert MESSAGES.tools(call(tools=tools)) == [{"type": "function", "function": {
         "name": "ls", "description": "list", "parameters": {"type": "object"}}}]
     assert MESSAGES.tools(call()) is None and MESSAGES.tools(call(tools=[5])) is None
+
+
+@pytest.mark.parametrize("usage", [[1, 2], "12", {"output_tokens": True}, {"output_tokens": -3}, None])
+def test_a_broken_usage_in_a_stream_is_no_usage_and_never_raises(usage: Any) -> None:
+    """The tap runs after the status went out, when a raise would cut the stream: what is not a count is none."""
+    tap = MessagesTap()
+    raw = sse({"type": "message_start", "message": {"usage": {"input_tokens": 7}}},
+              {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": usage})
+    assert tap.feed(raw) + tap.finish() == raw and tap.usage == Usage(7, None)
