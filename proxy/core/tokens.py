@@ -124,6 +124,14 @@ class TokenCounter:
         total = self.count_messages(messages if isinstance(messages, list) else [], body.get("tools"))
         return total + self.count_tools(body.get("functions"))
 
+    def count_aside(self, instructions: Any, tools: Any) -> int:
+        """What a request costs besides its messages, in the APIs that keep instructions apart from them (Responses'
+        `instructions`, Messages' `system`): the instructions (text, or blocks counted as their JSON), the tool
+        definitions and the reply primer."""
+        text = instructions if isinstance(instructions, str) else \
+            _json_text(instructions, ensure_ascii=False) if instructions else ""
+        return self.count_text(text) + self.count_tools(tools) + REPLY_PRIMER
+
     def count_tools(self, tools: Any) -> int:
         """Tool definitions counted as their compact JSON schema, cached like messages."""
         if not tools:

@@ -3,12 +3,11 @@ journey."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from proxy.core.messages import Message
-from proxy.core.tokens import REPLY_PRIMER, TokenCounter
+from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage, token_count
 from proxy.core.view import View
 from proxy.dialects.body import encode_json
@@ -92,9 +91,7 @@ class MessagesDialect:
         return encode_json({**call.payload, "messages": alternate(view.back(history, render))})
 
     def overhead(self, call: MessagesCall, counter: TokenCounter) -> int:
-        system = call.payload.get("system")
-        text = system if isinstance(system, str) else json.dumps(system, ensure_ascii=False) if system else ""
-        return counter.count_text(text) + counter.count_tools(call.payload.get("tools")) + REPLY_PRIMER
+        return counter.count_aside(call.payload.get("system"), call.payload.get("tools"))
 
     def tools(self, call: MessagesCall) -> Any:
         """The custom tools in chat's shape, for a summariser asked with the conversation's own tools."""

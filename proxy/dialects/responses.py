@@ -8,22 +8,25 @@ from dataclasses import replace
 from typing import Any
 
 from proxy.core.messages import Message
-from proxy.core.tokens import REPLY_PRIMER, TokenCounter
+from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage, usage_from
 from proxy.core.view import View
 from proxy.dialects.body import encode_json
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses_bridge import ResponsesFromChatStream, chat_request, chat_tools, response_from_chat
-from proxy.dialects.responses_compaction import AnnouncingTap, announced_body, compaction_item, with_envelopes_opened
+from proxy.dialects.responses_compaction import (
+    CLOSING_EVENTS,
+    AnnouncingTap,
+    announced_body,
+    compaction_item,
+    with_envelopes_opened,
+)
 from proxy.dialects.responses_items import as_input_items, render, view_of_input
 from proxy.dialects.responses_request import ResponsesCall, without_trigger
 from proxy.errors import BadRequest, ProxyError
 from proxy.upstream.answer import StreamTap
 from proxy.upstream.overflow import overflow_in_answer
 from proxy.upstream.streaming import EventWatcher, SseEvent
-
-# The events that close a response stream, each carrying the whole response with its usage and status.
-_LAST_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 def responses_usage(record: Any) -> Usage | None:
@@ -62,7 +65,7 @@ class ResponsesTap(EventWatcher):
     def read(self, events: list[SseEvent]) -> None:
         for event in events:
             payload = event.json()
-            if not isinstance(payload, dict) or payload.get("type") not in _LAST_EVENTS:
+            if not isinstance(payload, dict) or payload.get("type") not in CLOSING_EVENTS:
                 continue
             response = payload.get("response")
             self.usage = responses_usage(response) or self.usage
@@ -104,10 +107,7 @@ class ResponsesDialect:
         return encode_json(payload)
 
     def overhead(self, call: ResponsesCall, counter: TokenCounter) -> int:
-        instructions = call.payload.get("instructions")
-        text = instructions if isinstance(instructions, str) else \
-            json.dumps(instructions, ensure_ascii=False) if instructions is not None else ""
-        return counter.count_text(text) + counter.count_tools(call.payload.get("tools")) + REPLY_PRIMER
+        return counter.count_aside(call.payload.get("instructions"), call.payload.get("tools"))
 
     def tools(self, call: ResponsesCall) -> Any:
         """The function tools in chat's shape, for a summariser that is asked with the conversation's own tools."""

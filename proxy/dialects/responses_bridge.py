@@ -9,7 +9,7 @@ from typing import Any
 from proxy.core.messages import Message
 from proxy.core.usage import Usage
 from proxy.dialects.responses_items import view_of_input
-from proxy.upstream.streaming import SseDecoder, SseEvent
+from proxy.upstream.streaming import SseDecoder, SseEvent, sse_event
 
 # Request fields that mean the same in both APIs.
 _SAME_FIELDS = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "seed")
@@ -272,4 +272,4 @@ class ResponsesFromChatStream:
     def _emit(self, event: dict[str, Any]) -> bytes:
         event["sequence_number"] = self._sequence
         self._sequence += 1
-        return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+        return sse_event(event)

@@ -15,17 +15,17 @@ from proxy.core.view import View
 from proxy.dialects.responses_items import as_input_items, render
 from proxy.dialects.responses_request import ResponsesCall
 from proxy.upstream.answer import StreamTap
-from proxy.upstream.streaming import SseDecoder, SseEvent
+from proxy.upstream.streaming import PREAMBLE_TYPES, SseDecoder, SseEvent, sse_event
 
 Item = dict[str, Any]
 # Items a client may keep beside a compaction item (Codex keeps its user messages and resends its instructions):
 # where the client holds a copy, the envelope's copy is not added again.
 _KEPT_BY_CLIENTS = frozenset({"user", "developer", "system"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
-# A stream's opening events, before any output; and the events that end one without an answer.
-_PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
+# The events that end a stream without an answer; and those that close a response stream, each carrying the whole
+# response with its usage, status and output.
 _FAILURES = frozenset({"error", "response.failed"})
-_LAST = frozenset({"response.completed", "response.incomplete", "response.failed"})
+CLOSING_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 def with_envelopes_opened(items: Any) -> list[Any] | None:
@@ -94,7 +94,7 @@ def turn_events(response: dict[str, Any]) -> bytes:
               {"type": "response.output_item.added", "output_index": 0, "item": item},
               {"type": "response.output_item.done", "output_index": 0, "item": item},
               {"type": "response.completed", "response": response}]
-    return b"".join(_encoded({**event, "sequence_number": number}) for number, event in enumerate(events))
+    return b"".join(sse_event({**event, "sequence_number": number}) for number, event in enumerate(events))
 
 
 def announced_body(body: bytes, item: Item) -> bytes:
@@ -142,7 +142,7 @@ class AnnouncingTap:
         payload = event.json()
         if not isinstance(payload, dict):
             return event.raw  # a comment or keep-alive: nothing to number
-        if self._state == "preamble" and payload.get("type") not in _PREAMBLE:
+        if self._state == "preamble" and payload.get("type") not in PREAMBLE_TYPES:
             if payload.get("type") in _FAILURES:
                 self._state = "declined"
             else:
@@ -157,7 +157,7 @@ class AnnouncingTap:
         if isinstance(number, int):
             for offset, event in enumerate(events):
                 event["sequence_number"] = number + offset
-        return b"".join(_encoded(event) for event in events)
+        return b"".join(sse_event(event) for event in events)
 
     def _moved(self, payload: dict[str, Any]) -> bytes:
         moved = dict(payload)
@@ -166,13 +166,10 @@ class AnnouncingTap:
         if isinstance(moved.get("output_index"), int):
             moved["output_index"] += 1
         response = moved.get("response")
-        if moved.get("type") in _LAST and isinstance(response, dict) and isinstance(response.get("output"), list):
+        closing = moved.get("type") in CLOSING_EVENTS
+        if closing and isinstance(response, dict) and isinstance(response.get("output"), list):
             moved["response"] = {**response, "output": [self._item, *response["output"]]}
-        return _encoded(moved)
-
-
-def _encoded(event: dict[str, Any]) -> bytes:
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+        return sse_event(moved)
 
 
 def _usage(usage: Usage) -> dict[str, int]:

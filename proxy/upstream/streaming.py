@@ -117,6 +117,11 @@ def looks_like_sse(body: bytes | str) -> bool:
     return head.startswith((b"data:", b"event:", b"error:", b":", b"id:", b"retry:"))
 
 
+def sse_event(event: dict[str, Any]) -> bytes:
+    """One typed event as an API's stream frames it (`event:` naming its type, its JSON as `data:`)."""
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+
+
 class EventWatcher:
     """A stream tap that passes every byte on unchanged and reads each event once it is whole: a dialect's usage
     and finish readers override `read`."""
@@ -162,13 +167,13 @@ _CONTENT_TYPES = frozenset({"content_block_start", "content_block_delta", "messa
                             "response.incomplete"})
 # The Responses and Messages APIs open a stream with lifecycle events that carry no output yet (Anthropic's pings
 # may come before any): an overflow error follows them.
-_PREAMBLE_TYPES = frozenset({"response.created", "response.in_progress", "response.queued", "message_start", "ping"})
+PREAMBLE_TYPES = frozenset({"response.created", "response.in_progress", "response.queued", "message_start", "ping"})
 
 
 def is_preamble_event(event: SseEvent) -> bool:
     """A lifecycle event before any output: waiting past it costs nothing, and an error may still follow."""
     payload = event.json()
-    return isinstance(payload, dict) and payload.get("type") in _PREAMBLE_TYPES
+    return isinstance(payload, dict) and payload.get("type") in PREAMBLE_TYPES
 
 
 def is_error_event(event: SseEvent) -> bool:

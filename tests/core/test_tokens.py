@@ -13,7 +13,7 @@ import tiktoken.load
 
 from proxy.core.encodings import TextEncoding
 from proxy.core.fingerprint import dumps_iteratively
-from proxy.core.tokens import IMAGE_HIGH_DETAIL_TOKENS, IMAGE_LOW_DETAIL_TOKENS, TokenCounter, message_key
+from proxy.core.tokens import IMAGE_HIGH_DETAIL_TOKENS, IMAGE_LOW_DETAIL_TOKENS, REPLY_PRIMER, TokenCounter, message_key
 
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 
@@ -292,3 +292,13 @@ def test_lone_surrogates_are_counted_not_raised(counter: TokenCounter, text: str
 ])
 def test_flattened_keys_keep_structure_apart(left: Any, right: Any) -> None:
     assert message_key(left) != message_key(right)
+
+
+@pytest.mark.parametrize(("instructions", "tools"), [
+    ("Be brief.", None), ([{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}], None),
+    (None, [{"name": "ls", "input_schema": {"type": "object"}}]), ("", []), ([], None),
+])
+def test_what_a_request_costs_beside_its_messages(instructions: Any, tools: Any, counter: TokenCounter) -> None:
+    text = instructions if isinstance(instructions, str) else json.dumps(instructions) if instructions else ""
+    assert counter.count_aside(instructions, tools) == counter.count_text(text) + counter.count_tools(tools) + \
+        REPLY_PRIMER
