@@ -17,13 +17,13 @@ from proxy.upstream.answer import Answer
 log = logging.getLogger("proxy.pipeline")
 
 # A route the upstream does not serve: 404 (not a model it lacks) or 405. Nothing was generated, nothing billed.
-_NO_ROUTE = frozenset({404, 405})
+NO_ROUTE = frozenset({404, 405})
 _MISSING_MODEL = (b"model_not_found", b"does not exist")
 
 
 def route_missing(answer: Answer) -> bool:
     """Whether the upstream answered that it has no Responses API (as opposed to no such model)."""
-    if answer.status not in _NO_ROUTE or answer.body is None:
+    if answer.status not in NO_ROUTE or answer.body is None:
         return False
     return answer.status == 405 or not any(marker in answer.body for marker in _MISSING_MODEL)
 
@@ -55,10 +55,7 @@ class ResponsesOrChat:
         async with self._bridged.answer(call) as answer:
             yield answer
 
-    def compactable(self, call: ResponsesCall) -> bool:
-        return (self._bridged if call.bridged else self._native).compactable(call)
-
-    async def compacted(self, call: ResponsesCall) -> Journey[ResponsesCall]:
+    async def compacted(self, call: ResponsesCall) -> Journey[ResponsesCall] | None:
         return await (self._bridged if call.bridged else self._native).compacted(call)
 
     def estimate(self, call: ResponsesCall) -> int:

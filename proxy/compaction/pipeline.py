@@ -26,7 +26,7 @@ from proxy.core.usage import Usage
 from proxy.core.view import View
 from proxy.dialects.call import Call
 from proxy.dialects.dialect import Dialect
-from proxy.errors import BadRequest, ProxyError
+from proxy.errors import ProxyError
 from proxy.headers import (
     COMPACTION,
     ELIDED,
@@ -77,9 +77,7 @@ class Serving(Protocol):
 
     async def close(self) -> None: ...
 
-    def compactable(self, call: Any) -> bool: ...
-
-    async def compacted(self, call: Any) -> Journey[Any]: ...
+    async def compacted(self, call: Any) -> Journey[Any] | None: ...
 
     def summary_usage(self, journey: Journey[Any]) -> Usage: ...
 
@@ -134,16 +132,13 @@ class Pipeline(Generic[C]):
                                     "reason": reason, "route": self._dialect.name}))
         return {COMPACTION: "not-applicable", REASON: reason}
 
-    def compactable(self, call: C) -> bool:
-        """Whether the proxy may compact this request's conversation (its mode, its model and its dialect allow)."""
-        return self._history_of(call) is not None
-
-    async def compacted(self, call: C) -> Journey[C]:
+    async def compacted(self, call: C) -> Journey[C] | None:
         """The request's conversation compacted now, as the journey would, whatever its size (a client asking for
-        it: POST /responses/compact). BadRequest when there is nothing here to compact."""
+        it: POST /responses/compact, a compaction trigger); None when the proxy may not compact it (its mode, its
+        model or its dialect says so), and the request is the upstream's to answer."""
         view = self._history_of(call)
         if view is None:
-            raise BadRequest("this request holds no conversation the proxy can compact")
+            return None
         journey = await self._begin(call, view)
         if journey.conversation.record is None:
             await self._compact(journey, "requested", force=True)

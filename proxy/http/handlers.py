@@ -7,6 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.compaction.api_fallback import NO_ROUTE
 from proxy.compaction.pipeline import Serving
 from proxy.core.credentials import presents_one_of
 from proxy.core.fingerprint import HASH_ERRORS
@@ -55,8 +56,8 @@ def compacting(dialect: str) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         pipeline = pinned(request).pipelines[dialect]
         call = await parsed(request, pipeline)
-        if call.compaction_requested and pipeline.compactable(call):
-            return await compaction_answer(pipeline, call)
+        if call.compaction_requested and (answered := await compaction_answer(pipeline, call)) is not None:
+            return answered
         async with pipeline.answer(call) as answer:
             return await deliver(request, answer)
 
@@ -86,9 +87,11 @@ async def responses_compact(request: web.Request) -> web.StreamResponse:
     pinning = pinned(request)
     pipeline = pinning.pipelines["responses"]
     call = await parsed(request, pipeline)
-    if pinning.settings.dialects.responses.upstream_compaction or not pipeline.compactable(call):
+    compacted = None if pinning.settings.dialects.responses.upstream_compaction else \
+        await compacted_item(pipeline, call)
+    if compacted is None:
         return await forward(request, call.body)
-    item, usage, headers = await compacted_item(pipeline, call)
+    item, usage, headers = compacted
     return web.json_response(compaction_response(item, usage), headers=headers)
 
 
@@ -98,27 +101,33 @@ async def messages_count_tokens(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
     upstream = pinned(request).upstream
     async with upstream.open(upstream_request(request, body)) as response:
-        if response.status not in (404, 405):
+        if response.status not in NO_ROUTE:
             return await deliver(request, Answer.relayed(upstream, response))
     pipeline = pinned(request).pipelines["messages"]
     call = await parsed(request, pipeline, body)
     return web.json_response({"input_tokens": pipeline.estimate(call)}, headers={COUNTED_BY: "proxy"})
 
 
-async def compaction_answer(pipeline: Serving, call: Call) -> web.Response:
+async def compaction_answer(pipeline: Serving, call: Call) -> web.Response | None:
     """The answer to a request that ends with Codex's `compaction_trigger`: one response, streamed as the client
-    asked, whose only output is the compaction item."""
+    asked, whose only output is the compaction item; None when the proxy may not compact it."""
     assert isinstance(call, ResponsesCall), "only a Responses request asks for a compaction turn"
-    item, usage, headers = await compacted_item(pipeline, call)
+    compacted = await compacted_item(pipeline, call)
+    if compacted is None:
+        return None
+    item, usage, headers = compacted
     response = compaction_turn(call, item, usage)
     if call.stream:
         return web.Response(body=turn_events(response), content_type="text/event-stream", headers=headers)
     return web.json_response(response, headers=headers)
 
 
-async def compacted_item(pipeline: Serving, call: Call) -> tuple[dict[str, Any], Usage, dict[str, str]]:
-    """The request's conversation compacted now, as one compaction item; 502 when no summary could be made."""
+async def compacted_item(pipeline: Serving, call: Call) -> tuple[dict[str, Any], Usage, dict[str, str]] | None:
+    """The request's conversation compacted now, as one compaction item; None when the proxy may not compact it,
+    502 when no summary could be made."""
     journey = await pipeline.compacted(call)
+    if journey is None:
+        return None
     conversation = journey.conversation
     if conversation.record is None and journey.failed:  # a summary was wanted and could not be made
         raise SummaryUnavailable(f"the conversation could not be compacted ({journey.reason}); nothing was changed")
