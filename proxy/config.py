@@ -249,8 +249,22 @@ class ResponsesDialectConfig(_Frozen):
     upstream_compaction: bool = False
 
 
+class MessagesDialectConfig(_Frozen):
+    # What the upstream speaks to Anthropic Messages API clients (Claude Code, the `anthropic` SDK): the Messages API
+    # itself, only chat completions (each request then goes as a chat completion and its answer comes back in the
+    # Messages shape), or "auto": the Messages API until the upstream answers that it has no such route (404 or
+    # 405), chat completions from then on.
+    upstream_api: Literal["auto", "messages", "chat"] = "messages"
+    # Whether the upstream runs Anthropic's context management itself (Anthropic's own API does): then a request's
+    # `context_management` edits and on-demand `compaction` are forwarded untouched, and the proxy compacts only
+    # requests that ask for no edit that changes anything. Off (every other upstream), the proxy applies them: the
+    # clearing edits, the compaction edit (its `compaction` block, its pause) and on-demand compaction.
+    upstream_context_management: bool = False
+
+
 class DialectsConfig(_Frozen):
     responses: ResponsesDialectConfig = ResponsesDialectConfig()
+    messages: MessagesDialectConfig = MessagesDialectConfig()
 
 
 def _default_models() -> dict[str, ModelConfig]:

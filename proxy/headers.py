@@ -15,6 +15,8 @@ SHADOW_TOKENS_AFTER = "x-compaction-shadow-tokens-after"
 ELIDED = "x-compaction-elided"
 REASON = "x-compaction-reason"
 COUNTED_BY = "x-compaction-counted-by"  # "proxy" on a token count the proxy estimated (the upstream has none)
+# What each context-management edit a client asked of the proxy did: `edit=outcome` pairs, comma-separated.
+EDITS = "x-compaction-edits"
 MODE = "x-compaction-mode"  # a request header: a client's per-request choice
 
 # What compaction did for a request (x-compaction), and what it would have done in shadow mode. "not-applicable":

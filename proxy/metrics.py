@@ -95,6 +95,11 @@ class Metrics:
             "compaction_proxy_shadow_saved_tokens", "Prompt tokens compaction would have saved in shadow mode",
             registry=self.registry)
 
+        self.context_edits = Counter(
+            "compaction_proxy_context_edits", "Context-management edits clients asked of the proxy (Anthropic's "
+            "clearing edits; `compaction` for a compaction asked for), by edit and outcome", ["edit", "outcome"],
+            registry=self.registry)
+
         self.config_reloads = Counter(
             "compaction_proxy_config_reloads", "Config reloads (SIGHUP or a changed file), by result: applied, "
             "unchanged or refused", ["result"], registry=self.registry)

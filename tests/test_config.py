@@ -426,9 +426,17 @@ def test_what_the_upstream_speaks_to_responses_clients(api: str) -> None:
     assert settings.dialects.responses.upstream_api == api
 
 
+@pytest.mark.parametrize("api", ["auto", "messages", "chat"])
+def test_what_the_upstream_speaks_to_messages_clients(api: str) -> None:
+    settings = settings_from_mapping({"dialects": {"messages": {"upstream_api": api}}}, env={})
+    assert settings.dialects.messages.upstream_api == api
+    assert settings_from_mapping({}, env={}).dialects.messages.upstream_api == "messages"
+
+
 @pytest.mark.parametrize(("tree", "fragment"), [
     ({"dialects": {"responses": {"upstream_api": "guess"}}}, "upstream_api"),
-    ({"dialects": {"messages": {}}}, "messages"),
+    ({"dialects": {"messages": {"upstream_api": "responses"}}}, "upstream_api"),
+    ({"dialects": {"chat": {}}}, "chat"),
 ])
 def test_dialect_settings_are_checked(tree: dict[str, Any], fragment: str) -> None:
     assert fragment in invalid(tree)

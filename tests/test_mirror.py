@@ -12,9 +12,10 @@ TESTS = Path(__file__).resolve().parent
 # own, each with where. Short on purpose: a new module gets its own test file.
 ELSEWHERE = {
     "app": "the composition root: every tests/e2e test starts it",
-    "compaction.api_fallback": "tests/e2e/test_responses_over_chat.py (auto: learned from a 404, kept on a missing "
-                               "model, what counts as no route)",
+    "compaction.api_fallback": "tests/e2e/test_responses_over_chat.py and test_messages_over_chat_e2e.py (auto: "
+                               "learned from a 404, kept on a missing model, what counts as no route)",
     "compaction.compactor": "tests/e2e/test_compaction_e2e.py, test_backoff_e2e.py, test_hostile_summariser.py",
+    "compaction.journey": "a request's state and the Serving protocol: every tests/e2e test goes through both",
     "compaction.pipeline": "tests/e2e: compaction, shadow, hysteresis, overflow styles, tenants, the agent loop",
     "compaction.runtime": "tests/test_reload.py (swapped whole on reload), tests/e2e/test_shutdown.py",
     "dialects.dialect": "protocols only; tests/dialects/test_chat.py checks the chat dialect against them",

@@ -167,10 +167,11 @@ class Compactor:
 
     async def compact(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
                       headers: Mapping[str, str], overhead: int = 0, force: bool = False,
-                      tools: Any = None) -> Outcome:
-        """Summarise what the plan gives up, once per prefix; `force` summarises even where it saves nothing."""
+                      tools: Any = None, instructions: str | None = None) -> Outcome:
+        """Summarise what the plan gives up, once per prefix; `force` summarises even where it saves nothing;
+        `instructions` are the client's for its summary."""
         begun = self.begin(conversation, limits, model=model, trigger=trigger, headers=headers, overhead=overhead,
-                           force=force, tools=tools)
+                           force=force, tools=tools, instructions=instructions)
         if isinstance(begun, str):
             return Outcome(None, begun)
         try:
@@ -185,7 +186,7 @@ class Compactor:
 
     def begin(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
               headers: Mapping[str, str], answer_tokens: int | None = None, overhead: int = 0,
-              force: bool = False, tools: Any = None) -> Flight | str:
+              force: bool = False, tools: Any = None, instructions: str | None = None) -> Flight | str:
         """Plan and claim the summary now (no await), so a request arriving next finds it in flight.
 
         `tools` are the request's own, for a prefix-layout summariser request. Returns the flight, or the reason
@@ -211,7 +212,7 @@ class Compactor:
                    summary_tokens=shrink(plan.summary_tokens, decision.level, MIN_RETRY_SUMMARY_TOKENS),
                    level=decision.level, prefix=self._prefix(conversation, plan, model, tools),
                    ratio=self._calibration.ratio(model),
-                   source=tuple(conversation.original[:prefix_len]))
+                   source=tuple(conversation.original[:prefix_len]), instructions=instructions)
         # The flight looks for a stored record first, and stores what _summarise returns (fenced, across replicas).
         return Flight(self._flights.start(conversation.namespace, prefix_hash, lambda: self._summarise(job)),
                       prefix_len)
@@ -244,7 +245,8 @@ class Compactor:
         config = self._settings.compaction.summarizer
         whole = budget.whole_summary_tokens(job.limits, job.summary_tokens)
         summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens, whole),
-                                  list(job.plan.to_summarise), self._templates, counter=self._counter,
+                                  list(job.plan.to_summarise), self._templates.asked(job.instructions),
+                                  counter=self._counter,
                                   max_calls=config.max_calls, deadline=config.timeout, prefix=job.prefix)
         evidence = await off_loop_if_large(text_size(job.source), gather, job.source,
                                            (*job.plan.head, *job.plan.kept_users)) if config.evidence else None
@@ -358,6 +360,7 @@ class _Job:
     prefix: ConversationPrefix | None = None
     source: tuple[Message, ...] = ()  # the client's messages the summary stands in for
     ratio: float = 1.0  # the upstream's tokens per token of ours (the calibration), as the plan was counted with
+    instructions: str | None = None  # the client's own for its summary (Anthropic's compaction `instructions`)
 
     def upstream_tokens(self, tokens: int) -> int:
         """`tokens` of our own count in the upstream's, the unit of the window and of the plan."""

@@ -7,24 +7,27 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field, replace
-from typing import Any, Generic, Protocol, TypeVar
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
+from typing import Any, Generic
 
+from multidict import CIMultiDict
+
+from proxy.compaction import edit_report
 from proxy.compaction.compactor import Compactor, Conversation, Flight
+from proxy.compaction.journey import C, Journey
 from proxy.config import TARGET_SHARE_OF_THRESHOLD, Settings
 from proxy.core import budget
 from proxy.core.budget import Limits
 from proxy.core.calibration import Calibration
 from proxy.core.elision import elide_oversized
-from proxy.core.history_index import History, HistoryIndex
+from proxy.core.history_index import HistoryIndex
 from proxy.core.messages import Message
 from proxy.core.plan import last_input_tokens
 from proxy.core.tenants import namespace_for
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage
 from proxy.core.view import View
-from proxy.dialects.call import Call
 from proxy.dialects.dialect import Dialect
 from proxy.errors import ProxyError
 from proxy.headers import (
@@ -46,42 +49,6 @@ from proxy.upstream.upstream import Upstream
 from proxy.upstream.windows import ContextWindows
 
 log = logging.getLogger("proxy.pipeline")
-C = TypeVar("C", bound=Call)
-
-
-@dataclass
-class Journey(Generic[C]):
-    """The state of one request as it moves through the pipeline."""
-
-    call: C
-    view: View  # the client's conversation, neutral, with the items each message goes back as
-    conversation: Conversation
-    limits: Limits
-    history: History  # the client's messages as the index read them: chain and token counts
-    overhead: int  # raw tokens of the request besides its messages (tools, the reply primer)
-    trigger: str = "none"
-    failed: bool = False
-    reason: str | None = None  # why a compaction that was wanted did not happen
-    tokens_before: int = 0
-    elided: int = 0
-    forwarded: list[Message] = field(default_factory=list)
-    counted: tuple[list[Message], list[int]] | None = None  # token counts of the last messages counted
-
-
-class Serving(Protocol):
-    """What a route's handler and the runtime use of a pipeline (or of a pair of them, see api_fallback)."""
-
-    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> Any: ...
-
-    def answer(self, call: Any) -> AbstractAsyncContextManager[Answer]: ...
-
-    async def close(self) -> None: ...
-
-    async def compacted(self, call: Any) -> Journey[Any] | None: ...
-
-    def summary_usage(self, journey: Journey[Any]) -> Usage: ...
-
-    def estimate(self, call: Any) -> int: ...
 
 
 class Pipeline(Generic[C]):
@@ -111,7 +78,7 @@ class Pipeline(Generic[C]):
     async def answer(self, call: C) -> AsyncIterator[Answer]:
         """The answer to send; a live upstream stream stays open until the caller leaves the block."""
         async with AsyncExitStack() as stack:
-            view = self._history_of(call)
+            call, view = self._edited(call)
             if view is None:
                 attempt = await self._forward(call, stack, call.body)
                 yield self._finish(call, attempt, self._untouched(call, attempt), hide_usage=False)
@@ -125,7 +92,7 @@ class Pipeline(Generic[C]):
         """The headers of a request forwarded as it came; one the proxy could not help says why."""
         reason = self._dialect.left_alone(call) if self._settings.compaction.enabled else None
         if reason is None:
-            return {COMPACTION: "none"}
+            return {COMPACTION: "none", **self._edits_told(call, "off", failed=False)}
         if attempt.overflow:
             self._metrics.overflow_errors.labels("first").inc()
             log.warning(json.dumps({"event": "compaction_not_applicable", "request_id": current_request_id(),
@@ -136,13 +103,33 @@ class Pipeline(Generic[C]):
         """The request's conversation compacted now, as the journey would, whatever its size (a client asking for
         it: POST /responses/compact, a compaction trigger); None when the proxy may not compact it (its mode, its
         model or its dialect says so), and the request is the upstream's to answer."""
-        view = self._history_of(call)
+        call, view = self._edited(call)
         if view is None:
             return None
         journey = await self._begin(call, view)
         if journey.conversation.record is None:
             await self._compact(journey, "requested", force=True)
         return journey
+
+    def compaction_answer(self, journey: Journey[C]) -> Answer:
+        """The answer that is the compaction alone (asked for, or a turn paused after one), in the client's API."""
+        conversation = journey.conversation
+        body, content_type = self._dialect.compaction_answer(journey.call, journey.view, conversation.messages,
+                                                             conversation.synthetic, self.summary_usage(journey))
+        headers = CIMultiDict({"Content-Type": content_type, **self._headers(journey)})
+        return Answer(200, headers, body=body)
+
+    def edited(self, call: C) -> C:
+        """The request with the edits its client asked of its context applied to what is forwarded (Anthropic's
+        clearing edits), whether or not the proxy may compact it: they cost no model call."""
+        model = call.model
+        return self._dialect.edited(call, lambda: self.estimate(call),
+                                    lambda value: self._calibration.adjust(model, self._counter.count_value(value)))
+
+    def _edited(self, call: C) -> tuple[C, View | None]:
+        """The request edited as its client asked, and the history the journey may compact."""
+        edited = self.edited(call)
+        return edited, self._history_of(edited)
 
     def estimate(self, call: C) -> int:
         """The request's prompt as sent, in the upstream's tokens as far as calibration knows them (a count the
@@ -205,6 +192,8 @@ class Pipeline(Generic[C]):
             compacting = time.perf_counter()
             await self._compact(journey, "proactive")
             summarising = time.perf_counter() - compacting
+            if call.pauses_after_compaction and journey.conversation.record is not None:
+                return self.compaction_answer(journey)  # the client asked to stop there: nothing is sampled
         # The proxy's own time before forwarding (fingerprint, reuse lookup, planning), a summary's excluded.
         self._metrics.overhead_seconds.observe(time.perf_counter() - started - summarising)
         attempt = await self._send(journey, stack)
@@ -279,7 +268,8 @@ class Pipeline(Generic[C]):
                                                 trigger=trigger, headers=journey.call.headers,
                                                 overhead=self._overhead(journey),
                                                 force=force or self._mode(journey.call) == "force",
-                                                tools=self._dialect.tools(journey.call))
+                                                tools=self._dialect.tools(journey.call),
+                                                instructions=journey.call.summary_instructions)
         if outcome.record is not None:
             journey.conversation = Conversation(journey.conversation.original, journey.conversation.chain,
                                                 journey.conversation.namespace, outcome.record)
@@ -343,7 +333,8 @@ class Pipeline(Generic[C]):
         return await self._forward(call, stack, body)
 
     def _headers(self, journey: Journey[C]) -> dict[str, str]:
-        headers = {COMPACTION: "failed" if journey.failed else journey.trigger}
+        headers = {COMPACTION: "failed" if journey.failed else journey.trigger,
+                   **self._edits_told(journey.call, journey.trigger, failed=journey.failed)}
         if journey.conversation.record is not None or journey.elided:
             headers[TOKENS_BEFORE] = str(journey.tokens_before or self._original_estimate(journey))
             headers[TOKENS_AFTER] = str(self._estimate(journey))
@@ -352,6 +343,13 @@ class Pipeline(Generic[C]):
         if journey.reason is not None:
             headers[REASON] = journey.reason
         return headers
+
+    def _edits_told(self, call: C, trigger: str, *, failed: bool) -> dict[str, str]:
+        """What the client's context edits did (`trigger` "off": the proxy may not compact this request)."""
+        outcomes = dict(call.edit_outcomes)
+        if call.compact_threshold is not None or call.compaction_requested:
+            outcomes[edit_report.COMPACTION] = edit_report.compaction_outcome(trigger, failed)
+        return edit_report.report_edits(outcomes, self._dialect.name, self._metrics)
 
     def _original_estimate(self, journey: Journey[C]) -> int:
         return self._calibration.adjust(journey.call.model, sum(journey.history.tokens) + journey.overhead)
@@ -367,19 +365,20 @@ class Pipeline(Generic[C]):
             assert journey is not None
             self._learn(journey, usage)
 
-        announce = self._announced(journey) if journey is not None and attempt.ok else None
+        announce = None if not attempt.ok else self._announced(journey) if journey is not None else \
+            self._dialect.announced(call, View([]), None, frozenset())  # the edits applied, nothing compacted
         return journey_answer(self._upstream, attempt, headers,
                               tap=self._dialect.tap(call, hide_usage=hide_usage, announce=announce),
                               on_done=on_done if learn else None,
                               reshape=lambda body: self._dialect.answer_body(call, attempt.status, body, announce))
 
     def _announced(self, journey: Journey[C]) -> Any:
-        """What the answer tells a client that asked to hear of compactions; the conversation whole, not elided:
-        a client may drop what the item stands for, so it must hold every word of it."""
+        """What the answer tells a client that asked to hear of its context management; the conversation whole,
+        not elided: a client may drop what a compaction item stands for, so it must hold every word of it."""
         conversation = journey.conversation
-        if conversation.record is None:
-            return None
-        return self._dialect.announced(journey.call, journey.view, conversation.messages, conversation.synthetic)
+        history = conversation.messages if conversation.record is not None else None
+        return self._dialect.announced(journey.call, journey.view, history, conversation.synthetic,
+                                       failed=journey.failed)
 
     def _learn(self, journey: Journey[C], usage: Usage | None) -> None:
         """After a good answer: calibrate the estimate, and start the next summary early if usage is high."""
@@ -400,7 +399,8 @@ class Pipeline(Generic[C]):
             begun = self._compactor.begin(journey.conversation, journey.limits, model=journey.call.model,
                                           trigger="background", headers=journey.call.headers,
                                           answer_tokens=answer_tokens, overhead=self._overhead(journey),
-                                          tools=self._dialect.tools(journey.call))
+                                          tools=self._dialect.tools(journey.call),
+                                          instructions=journey.call.summary_instructions)
         except Exception:
             log.warning("could not plan a background summary", exc_info=True)
             return

@@ -10,18 +10,18 @@ from typing import Any
 
 import aiohttp
 
-from proxy.compaction.api_fallback import ResponsesOrChat
+from proxy.compaction.api_fallback import NativeOrChat
 from proxy.compaction.compactor import Compactor
-from proxy.compaction.pipeline import Pipeline, Serving
+from proxy.compaction.journey import Serving
+from proxy.compaction.pipeline import Pipeline
 from proxy.config import Settings
 from proxy.core.calibration import Calibration
 from proxy.core.fingerprint import HASH_ERRORS
 from proxy.core.history_index import HistoryIndex
 from proxy.core.tokens import TokenCounter
-from proxy.dialects.catalog import DIALECTS, serving
+from proxy.dialects.catalog import DIALECTS, fallback, serving
 from proxy.dialects.chat import CHAT
 from proxy.dialects.dialect import Dialect
-from proxy.dialects.responses import RESPONSES, RESPONSES_OVER_CHAT
 from proxy.metrics import Metrics
 from proxy.store.flights import Build, Flights
 from proxy.store.store import CompactedPrefix, SummaryStore
@@ -157,10 +157,11 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
         return Pipeline(dialect, settings, upstream, compactor, counter, calibration, windows, metrics,
                         shared.history, count=chat_requests if dialect is CHAT else None)
 
-    pipelines: dict[str, Serving] = {dialect.name: pipeline(serving(dialect, settings)) for dialect in DIALECTS}
-    if settings.dialects.responses.upstream_api == "auto":
-        pipelines[RESPONSES.name] = ResponsesOrChat(pipeline(serving(RESPONSES, settings)),
-                                                  pipeline(RESPONSES_OVER_CHAT))
+    def served(dialect: Dialect[Any]) -> Serving:
+        native, bridge = pipeline(serving(dialect, settings)), fallback(dialect, settings)
+        return native if bridge is None else NativeOrChat(dialect.name, native, pipeline(bridge))
+
+    pipelines = {dialect.name: served(dialect) for dialect in DIALECTS}
     return Runtime(settings, upstream, windows, pipelines)
 
 

@@ -108,6 +108,10 @@ class TokenCounter:
         """Tokens of a text; anything that is not a string counts as nothing."""
         return self.encoding.count(text) if isinstance(text, str) else 0
 
+    def count_value(self, value: Any) -> int:
+        """Tokens of a text, or of any other JSON value as its JSON (a tool's input, a block cleared)."""
+        return self.count_text(value if isinstance(value, str) else _json_text(value, ensure_ascii=False))
+
     def count_message(self, message: Any) -> int:
         return self._cached_counts([message])[0]
 
@@ -128,9 +132,7 @@ class TokenCounter:
         """What a request costs besides its messages, in the APIs that keep instructions apart from them (Responses'
         `instructions`, Messages' `system`): the instructions (text, or blocks counted as their JSON), the tool
         definitions and the reply primer."""
-        text = instructions if isinstance(instructions, str) else \
-            _json_text(instructions, ensure_ascii=False) if instructions else ""
-        return self.count_text(text) + self.count_tools(tools) + REPLY_PRIMER
+        return (self.count_value(instructions) if instructions else 0) + self.count_tools(tools) + REPLY_PRIMER
 
     def count_tools(self, tools: Any) -> int:
         """Tool definitions counted as their compact JSON schema, cached like messages."""

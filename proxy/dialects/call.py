@@ -55,6 +55,24 @@ class Call(Protocol):
         entry), or None when it names none."""
         ...
 
+    @property
+    def summary_instructions(self) -> str | None:
+        """What the client asks a summary of its conversation to attend to (Anthropic's compaction
+        `instructions`), or None."""
+        ...
+
+    @property
+    def edit_outcomes(self) -> Mapping[str, str]:
+        """What each context-management edit the client asked of the proxy did, by edit type (Anthropic's
+        clearing edits): `applied`, or why not."""
+        ...
+
+    @property
+    def pauses_after_compaction(self) -> bool:
+        """Whether a turn the proxy compacts is answered with the compaction alone, nothing sampled after it
+        (Anthropic's `pause_after_compaction`)."""
+        ...
+
     def reserved_output(self, default: int) -> int:
         """The output tokens the request asks room for, `default` when it names none."""
         ...
@@ -107,6 +125,18 @@ class JsonCall:
     @property
     def compact_threshold(self) -> int | None:
         return None
+
+    @property
+    def summary_instructions(self) -> str | None:
+        return None
+
+    @property
+    def pauses_after_compaction(self) -> bool:
+        return False
+
+    @property
+    def edit_outcomes(self) -> Mapping[str, str]:
+        return {}
 
     def positive(self, *keys: str) -> int | None:
         """The first of `keys` whose value is a whole number above 0 (an output cap a client set), or None."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from proxy.core.messages import Message
@@ -85,8 +85,16 @@ class ChatDialect:
     def usage(self, payload: Any) -> Usage | None:
         return chat_usage(usage_of(payload))
 
-    def announced(self, call: ChatCall, view: View, history: list[Message], synthetic: frozenset[int]) -> Any:
+    def edited(self, call: ChatCall, prompt_tokens: Callable[[], int], count: Callable[[Any], int]) -> ChatCall:
+        return call  # chat completions carry no context-management edits
+
+    def announced(self, call: ChatCall, view: View, history: list[Message] | None, synthetic: frozenset[int],
+                  *, failed: bool = False) -> Any:
         return None  # chat completions have no item to tell a client of a compaction: the headers say it
+
+    def compaction_answer(self, call: ChatCall, view: View, history: list[Message], synthetic: frozenset[int],
+                          usage: Usage) -> tuple[bytes, str]:
+        raise NotImplementedError("chat completions have no request that asks for a compaction alone")
 
     def tap(self, call: ChatCall, *, hide_usage: bool, announce: Any = None) -> ChatTap:
         return ChatTap(hide_usage=hide_usage)

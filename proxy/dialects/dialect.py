@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from proxy.core.messages import Message
 from proxy.core.tokens import TokenCounter
+from proxy.core.usage import Usage
 from proxy.core.view import View
 from proxy.dialects.call import Call
 from proxy.errors import ProxyError
@@ -39,6 +40,12 @@ class Dialect(AnswerReader, Protocol[CallT]):
         asked to manage it): reported as x-compaction: not-applicable; None for the ordinary "none"."""
         ...
 
+    def edited(self, call: CallT, prompt_tokens: Callable[[], int], count: Callable[[Any], int]) -> CallT:
+        """The request with the edits its client asked of the context applied to what is forwarded (Anthropic's
+        clearing edits, where the proxy runs them); `prompt_tokens` is the request's size, `count` a value's, both
+        in the upstream's tokens as far as calibration knows them. The call itself when there is nothing to do."""
+        ...
+
     def forwarded(self, call: CallT, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
         """The request body with `history` (the view's messages, compacted) in place of the client's, mapped back
         through `view`; usage asked for in a stream if `ask_usage`."""
@@ -56,10 +63,19 @@ class Dialect(AnswerReader, Protocol[CallT]):
         """Whether the client asked for usage in its stream (then nothing the proxy adds is hidden from it)."""
         ...
 
-    def announced(self, call: CallT, view: View, history: list[Message], synthetic: frozenset[int]) -> Any:
-        """What a good answer tells the client of the compaction in `history` (the conversation forwarded, its
-        summary at `synthetic`), when the client asked to be told: a Responses `compaction` item for a request with
-        a compaction `context_management` entry. None: nothing to tell, or no way to tell it in this API."""
+    def announced(self, call: CallT, view: View, history: list[Message] | None, synthetic: frozenset[int],
+                  *, failed: bool = False) -> Any:
+        """What a good answer tells the client of its context management, when the client asked to be told: the
+        compaction in `history` (the conversation forwarded, its summary at `synthetic`; None when nothing was
+        compacted, and `failed` when a compaction was wanted and failed) as a Responses `compaction` item or a
+        Messages `compaction` block, and the Messages edits applied. None: nothing to tell, or no way to tell it."""
+        ...
+
+    def compaction_answer(self, call: CallT, view: View, history: list[Message], synthetic: frozenset[int],
+                          usage: Usage) -> tuple[bytes, str]:
+        """The answer, body and content type, to a request that asks for a compaction and nothing else (a
+        `compaction_trigger`, an on-demand Messages `compaction`) or to a turn paused after one: `history` the
+        compacted conversation, `usage` the tokens before and the summary's."""
         ...
 
     def tap(self, call: CallT, *, hide_usage: bool, announce: Any = None) -> StreamTap:

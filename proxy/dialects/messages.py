@@ -3,7 +3,8 @@ journey."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from proxy.core.messages import Message
@@ -12,6 +13,18 @@ from proxy.core.usage import Usage, token_count
 from proxy.core.view import View
 from proxy.dialects.body import encode_json
 from proxy.dialects.messages_blocks import alternate, render, view_of_messages
+from proxy.dialects.messages_clearing import cleared
+from proxy.dialects.messages_compaction import (
+    FAILED_BLOCK,
+    AnnouncingTap,
+    Block,
+    announced_body,
+    compaction_block,
+    compaction_message,
+    message_events,
+    with_compactions_opened,
+)
+from proxy.dialects.messages_context import read_context_edits
 from proxy.dialects.messages_request import MessagesCall
 from proxy.errors import ProxyError
 from proxy.upstream.answer import StreamTap
@@ -67,14 +80,42 @@ class MessagesTap(EventWatcher):
                     self.finish_reasons.append(reason)
 
 
+# The request fields of Anthropic's context management: read by the proxy where it applies them, never forwarded.
+_MANAGEMENT_FIELDS = ("context_management", "compaction")
+# Announced in a good answer: the compaction block (or None), and the `applied_edits` report (or None).
+Announcement = tuple[Block | None, list[dict[str, Any]] | None]
+
+
+def read_call(body: bytes, headers: Mapping[str, str], query: str, *, upstream_manages: bool) -> MessagesCall:
+    """A Messages request read. Where the upstream has no context management of its own, the proxy applies it:
+    the request's edits are read and checked (400 for anything it cannot honour) and kept off the body the
+    upstream sees, and a `compaction` block in `messages` is replaced by what it stands for."""
+    call = MessagesCall.parse(body, headers, query)
+    if upstream_manages:
+        return call
+    payload = call.payload
+    edits = read_context_edits(payload)
+    messages = with_compactions_opened(payload.get("messages"))
+    if messages is None and not any(key in payload for key in _MANAGEMENT_FIELDS):
+        return call
+    payload = {key: value for key, value in payload.items() if key not in _MANAGEMENT_FIELDS}
+    if messages is not None:
+        payload["messages"] = messages
+    return replace(call, payload=payload, body=encode_json(payload), edits=edits,
+                   compaction_requested=edits is not None and edits.summarize)
+
+
 class MessagesDialect:
     """The Anthropic Messages API: `messages` are compacted, `system` and tools kept as they are."""
 
     name = "messages"
     path = "/messages"
 
+    def __init__(self, *, upstream_manages_context: bool = False) -> None:
+        self.upstream_manages_context = upstream_manages_context
+
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> MessagesCall:
-        return MessagesCall.parse(body, headers, query)
+        return read_call(body, headers, query, upstream_manages=self.upstream_manages_context)
 
     def history(self, call: MessagesCall) -> View | None:
         if self.left_alone(call) is not None:
@@ -82,10 +123,29 @@ class MessagesDialect:
         return view_of_messages(call.payload.get("messages"))
 
     def left_alone(self, call: MessagesCall) -> str | None:
-        """Anthropic's own context management, asked of the upstream: not the proxy's to do behind it — unless it
-        asks for nothing to be done (Claude Code sends `clear_thinking` keeping all thinking on every request)."""
+        """Anthropic's own context management, asked of an upstream that runs it: not the proxy's to do behind it
+        — unless it asks for nothing to be done (Claude Code sends `clear_thinking` keeping all thinking on every
+        request). Where the upstream has none, the proxy applies it (read_call) and nothing is left alone."""
+        if not self.upstream_manages_context:
+            return None
         management = call.payload.get("context_management")
+        if call.payload.get("compaction") is not None:
+            return "upstream_manages_context"
         return None if management is None or _changes_nothing(management) else "upstream_manages_context"
+
+    def edited(self, call: MessagesCall, prompt_tokens: Callable[[], int], count: Callable[[Any], int]) \
+            -> MessagesCall:
+        """The request with its clearing edits applied to what is forwarded, and what they did recorded."""
+        edits = call.edits
+        messages = call.payload.get("messages")
+        if edits is None or not edits.clears or not isinstance(messages, list):
+            return call
+        clearing = cleared(messages, edits, prompt_tokens, count)
+        if not clearing.applied:
+            return replace(call, outcomes=clearing.outcomes)
+        payload = {**call.payload, "messages": clearing.messages}
+        return replace(call, payload=payload, body=encode_json(payload), applied_edits=tuple(clearing.applied),
+                       outcomes=clearing.outcomes)
 
     def forwarded(self, call: MessagesCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
         return encode_json({**call.payload, "messages": alternate(view.back(history, render))})
@@ -113,14 +173,37 @@ class MessagesDialect:
     def usage(self, payload: Any) -> Usage | None:
         return messages_usage(payload.get("usage")) if isinstance(payload, dict) else None
 
-    def announced(self, call: MessagesCall, view: View, history: list[Message], synthetic: frozenset[int]) -> Any:
-        return None  # Anthropic's compaction blocks are the context-management emulation's (not built yet)
+    def announced(self, call: MessagesCall, view: View, history: list[Message] | None, synthetic: frozenset[int],
+                  *, failed: bool = False) -> Announcement | None:
+        """For a request whose context management the proxy applied: the compaction block that stands for
+        `history` when it was compacted under a compaction edit (a null one when that compaction failed), and the
+        `applied_edits` report."""
+        edits = call.edits
+        if edits is None:
+            return None
+        block = None
+        if edits.compact is not None and history is not None:
+            block = compaction_block(view, history, synthetic)
+        elif edits.compact is not None and failed:
+            block = FAILED_BLOCK
+        return block, list(call.applied_edits)
+
+    def compaction_answer(self, call: MessagesCall, view: View, history: list[Message], synthetic: frozenset[int],
+                          usage: Usage) -> tuple[bytes, str]:
+        """The answer that is the compaction alone (on-demand, or paused after one): JSON or a stream."""
+        message = compaction_message(call.model, compaction_block(view, history, synthetic), usage)
+        applied = list(call.applied_edits) if call.edits is not None and not call.edits.summarize else None
+        if call.stream:
+            return message_events(message, applied), "text/event-stream"
+        if applied is not None:
+            message["context_management"] = {"applied_edits": applied}
+        return encode_json(message), "application/json"
 
     def tap(self, call: MessagesCall, *, hide_usage: bool, announce: Any = None) -> StreamTap:
-        return MessagesTap()
+        return AnnouncingTap(MessagesTap(), *announce) if announce is not None else MessagesTap()
 
     def answer_body(self, call: MessagesCall, status: int, body: bytes, announce: Any = None) -> bytes:
-        return body
+        return announced_body(body, *announce) if announce is not None and 200 <= status < 300 else body
 
     def error_body(self, error: ProxyError) -> dict[str, Any]:
         """The proxy's own error as Anthropic shapes errors: `{"type": "error", "error": {"type", "message"}}`."""
@@ -137,3 +220,4 @@ def _changes_nothing(management: Any) -> bool:
 
 
 MESSAGES = MessagesDialect()
+MESSAGES_MANAGING_UPSTREAM = MessagesDialect(upstream_manages_context=True)

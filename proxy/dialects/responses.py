@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +19,8 @@ from proxy.dialects.responses_compaction import (
     AnnouncingTap,
     announced_body,
     compaction_item,
+    compaction_turn,
+    turn_events,
     with_envelopes_opened,
 )
 from proxy.dialects.responses_items import as_input_items, render, view_of_input
@@ -122,11 +124,25 @@ class ResponsesDialect:
     def usage(self, payload: Any) -> Usage | None:
         return responses_usage(payload)
 
-    def announced(self, call: ResponsesCall, view: View, history: list[Message], synthetic: frozenset[int]) -> Any:
+    def edited(self, call: ResponsesCall, prompt_tokens: Callable[[], int], count: Callable[[Any], int]) \
+            -> ResponsesCall:
+        return call  # OpenAI's compaction entry is a threshold (compact_threshold), not an edit
+
+    def announced(self, call: ResponsesCall, view: View, history: list[Message] | None, synthetic: frozenset[int],
+                  *, failed: bool = False) -> Any:
         """The compaction item that stands for `history`, for a client whose `context_management` entry asked the
         proxy to compact: it may drop everything before the item from then on, as with OpenAI's own."""
-        return compaction_item(view, history, synthetic) if call.asks_compaction and not self.upstream_compacts \
-            else None
+        if history is None or not call.asks_compaction or self.upstream_compacts:
+            return None
+        return compaction_item(view, history, synthetic)
+
+    def compaction_answer(self, call: ResponsesCall, view: View, history: list[Message], synthetic: frozenset[int],
+                          usage: Usage) -> tuple[bytes, str]:
+        """The answer to a request that ends with a `compaction_trigger`: one response whose only output is the
+        compaction item, streamed as the client asked."""
+        response = compaction_turn(call, compaction_item(view, history, synthetic), usage)
+        return (turn_events(response), "text/event-stream") if call.stream else \
+            (encode_json(response), "application/json")
 
     def tap(self, call: ResponsesCall, *, hide_usage: bool, announce: Any = None) -> StreamTap:
         return AnnouncingTap(ResponsesTap(), announce) if announce is not None else ResponsesTap()

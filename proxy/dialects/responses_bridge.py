@@ -19,7 +19,7 @@ _REASONING_PARTS = frozenset({"reasoning", "thinking", "redacted_thinking"})
 def chat_request(payload: dict[str, Any], history: list[Message]) -> dict[str, Any]:
     """A chat-completion request asking what the Responses request asks, with `history` as its conversation."""
     body: dict[str, Any] = {key: payload[key] for key in _SAME_FIELDS if key in payload}
-    body["messages"] = [*_instructions(payload.get("instructions")), *(_chat_message(m) for m in history)]
+    body["messages"] = [*_instructions(payload.get("instructions")), *(chat_message(m) for m in history)]
     if (tools := chat_tools(payload.get("tools"))) is not None:
         body["tools"] = tools
         if (choice := _tool_choice(payload.get("tool_choice"))) is not None:
@@ -55,10 +55,10 @@ def _instructions(instructions: Any) -> list[Message]:
     if isinstance(instructions, str):
         return [{"role": "system", "content": instructions}] if instructions else []
     view = view_of_input(instructions) if isinstance(instructions, list) else None
-    return [_chat_message(message) for message in view.messages] if view is not None else []
+    return [chat_message(message) for message in view.messages] if view is not None else []
 
 
-def _chat_message(message: Message) -> Message:
+def chat_message(message: Message) -> Message:
     """A neutral message as chat servers take it: `developer` as `system` (many know no other), reasoning parts and
     the view's own keys left out, custom tool calls as function calls."""
     role = message.get("role")

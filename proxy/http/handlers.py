@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from proxy.compaction.api_fallback import NO_ROUTE
-from proxy.compaction.pipeline import Serving
+from proxy.compaction.journey import Serving
 from proxy.core.credentials import presents_one_of
 from proxy.core.fingerprint import HASH_ERRORS
 from proxy.core.usage import Usage
 from proxy.dialects.call import Call
-from proxy.dialects.responses_compaction import compaction_item, compaction_response, compaction_turn, turn_events
-from proxy.dialects.responses_request import ResponsesCall
-from proxy.errors import SummaryUnavailable, UpgradeRefused
+from proxy.dialects.messages_request import MessagesCall
+from proxy.dialects.responses_compaction import compaction_item, compaction_response
+from proxy.errors import BadRequest, SummaryUnavailable, UpgradeRefused
 from proxy.headers import COMPACTION, COUNTED_BY, REASON
 from proxy.http.appkeys import METRICS, RUNTIME
 from proxy.http.pin import pinned
@@ -28,6 +30,7 @@ from proxy.upstream.answer import Answer
 from proxy.upstream.upstream import UpstreamRequest
 
 API_PREFIX = "/v1"
+_COUNT_BYTES = 64 * 1024  # more than any token count answer holds
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -56,8 +59,12 @@ def compacting(dialect: str) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         pipeline = pinned(request).pipelines[dialect]
         call = await parsed(request, pipeline)
-        if call.compaction_requested and (answered := await compaction_answer(pipeline, call)) is not None:
-            return answered
+        if call.compaction_requested:
+            if (answered := await compaction_answer(pipeline, call)) is not None:
+                return await deliver(request, answered)
+            if isinstance(call, MessagesCall):  # its `compaction` was read off the body: nothing is left to send
+                raise BadRequest("compaction was asked for, and compaction is off for this request at this proxy",
+                                 param="compaction")
         async with pipeline.answer(call) as answer:
             return await deliver(request, answer)
 
@@ -96,30 +103,60 @@ async def responses_compact(request: web.Request) -> web.StreamResponse:
 
 
 async def messages_count_tokens(request: web.Request) -> web.StreamResponse:
-    """POST /v1/messages/count_tokens: the upstream's count where it has the route (Anthropic's API does, most
-    servers do not); where it answers 404 or 405, the proxy's calibrated estimate of the request as sent."""
-    body = await read_body(request)
+    """POST /v1/messages/count_tokens: the count of the request as the proxy would send it (context management
+    applied where the proxy runs it, a compaction block opened): the upstream's where it has the route (Anthropic's
+    API does, most servers do not); where it answers 404 or 405, or speaks only chat completions, the proxy's
+    calibrated estimate. Edits applied add `context_management.original_input_tokens`, as Anthropic's count does."""
+    pinning = pinned(request)
+    pipeline = pinning.pipelines["messages"]
+    call = await parsed(request, pipeline)
+    assert isinstance(call, MessagesCall), "the Messages route reads Messages requests"
+    edited = pipeline.edited(call)
+    if not call.bridged:  # a chat server has no such route
+        if edited.body is call.body:
+            async with pinning.upstream.open(upstream_request(request, call.body)) as response:
+                if response.status not in NO_ROUTE:
+                    return await deliver(request, Answer.relayed(pinning.upstream, response))
+        elif (counts := await upstream_counts(request, edited.body, call.body)) is not None:
+            return web.json_response(counts)
+    counted: dict[str, Any] = {"input_tokens": pipeline.estimate(edited)}
+    if edited.body is not call.body:
+        counted["context_management"] = {"original_input_tokens": pipeline.estimate(call)}
+    return web.json_response(counted, headers={COUNTED_BY: "proxy"})
+
+
+async def upstream_counts(request: web.Request, edited: bytes, original: bytes) -> dict[str, Any] | None:
+    """The upstream's count of the edited request with its count of the original beside it; None when either is
+    not a count (no such route, an error: the proxy's estimate answers instead)."""
+    counts = [await upstream_count(request, body) for body in (edited, original)]
+    if counts[0] is None or counts[1] is None:
+        return None
+    return {"input_tokens": counts[0], "context_management": {"original_input_tokens": counts[1]}}
+
+
+async def upstream_count(request: web.Request, body: bytes) -> int | None:
     upstream = pinned(request).upstream
     async with upstream.open(upstream_request(request, body)) as response:
-        if response.status not in NO_ROUTE:
-            return await deliver(request, Answer.relayed(upstream, response))
-    pipeline = pinned(request).pipelines["messages"]
-    call = await parsed(request, pipeline, body)
-    return web.json_response({"input_tokens": pipeline.estimate(call)}, headers={COUNTED_BY: "proxy"})
+        if response.status != 200:
+            return None
+        try:  # a count is a few bytes: a longer answer is not one
+            answer = json.loads(await response.content.read(_COUNT_BYTES))
+        except (ValueError, aiohttp.ClientError):
+            return None
+    count = answer.get("input_tokens") if isinstance(answer, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
 
 
-async def compaction_answer(pipeline: Serving, call: Call) -> web.Response | None:
-    """The answer to a request that ends with Codex's `compaction_trigger`: one response, streamed as the client
-    asked, whose only output is the compaction item; None when the proxy may not compact it."""
-    assert isinstance(call, ResponsesCall), "only a Responses request asks for a compaction turn"
-    compacted = await compacted_item(pipeline, call)
-    if compacted is None:
+async def compaction_answer(pipeline: Serving, call: Call) -> Answer | None:
+    """The answer to a request that asks for a compaction and nothing else (Codex's `compaction_trigger`, an
+    on-demand Messages `compaction`), in the client's API and as it asked (streamed or not); None when the proxy
+    may not compact it, 502 when no summary could be made."""
+    journey = await pipeline.compacted(call)
+    if journey is None:
         return None
-    item, usage, headers = compacted
-    response = compaction_turn(call, item, usage)
-    if call.stream:
-        return web.Response(body=turn_events(response), content_type="text/event-stream", headers=headers)
-    return web.json_response(response, headers=headers)
+    if journey.conversation.record is None and journey.failed:  # a summary was wanted and could not be made
+        raise SummaryUnavailable(f"the conversation could not be compacted ({journey.reason}); nothing was changed")
+    return pipeline.compaction_answer(journey)
 
 
 async def compacted_item(pipeline: Serving, call: Call) -> tuple[dict[str, Any], Usage, dict[str, str]] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping
 from functools import lru_cache
@@ -22,8 +23,9 @@ CHUNK_INSTRUCTION = "chunk_instruction.md"
 ACKNOWLEDGEMENT = "acknowledgement.md"
 ELIDED = "elided.md"
 SUMMARY_NOTE = "summary_note.md"
+CLIENT_INSTRUCTIONS = "client_instructions.md"
 TEMPLATE_NAMES = (COMPACTION_PROMPT, COMPACTION_INSTRUCTION, SUMMARY, CONTINUATION, MERGE_INSTRUCTION,
-                  CHUNK_INSTRUCTION, ACKNOWLEDGEMENT, ELIDED, SUMMARY_NOTE)
+                  CHUNK_INSTRUCTION, ACKNOWLEDGEMENT, ELIDED, SUMMARY_NOTE, CLIENT_INSTRUCTIONS)
 
 # The package's directory (the shipped prompts sit beside it in a wheel).
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -56,6 +58,7 @@ class Templates:
         layers = [Path(prompts_dir)] if prompts_dir is not None else []
         layers += [user_dir if user_dir is not None else default_user_dir(), builtin_prompts_dir()]
         self.search_path: tuple[Path, ...] = tuple(layers)
+        self._asked: str | None = None
         self._loader = jinja2.FileSystemLoader([str(path) for path in self.search_path])
         self._env = jinja2.Environment(
             loader=self._loader,
@@ -101,14 +104,29 @@ class Templates:
 
     def compaction_request(self, *, window: int | None = None, limit: int | None = None) -> str:
         """The one user message that follows the conversation's own messages in a prefix-layout request."""
-        return self.render(COMPACTION_PROMPT, messages="", layout="prefix", window=window or 0, limit=limit or 0)
+        return self._with_asked(self.render(COMPACTION_PROMPT, messages="", layout="prefix", window=window or 0,
+                                            limit=limit or 0))
 
     def compaction_instruction(self) -> str:
-        return self.render(COMPACTION_INSTRUCTION)
+        return self._with_asked(self.render(COMPACTION_INSTRUCTION))
 
     def merge_instruction(self, part_count: int, *, window: int | None = None) -> str:
         """The user message merging partial summaries; `window` (the summariser's) picks tiny or full."""
-        return self.render(MERGE_INSTRUCTION, part_count=part_count, window=window or 0)
+        return self._with_asked(self.render(MERGE_INSTRUCTION, part_count=part_count, window=window or 0))
+
+    def asked(self, instructions: str | None) -> Templates:
+        """These templates, with the client's own instructions for its summary added after each instruction that
+        asks for the whole summary (not the parts of a chunked one: the merge sees the instructions)."""
+        if not instructions:
+            return self
+        asked = copy.copy(self)
+        asked._asked = instructions
+        return asked
+
+    def _with_asked(self, instruction: str) -> str:
+        if self._asked is None:
+            return instruction
+        return f"{instruction}\n\n{self.render(CLIENT_INSTRUCTIONS, instructions=self._asked)}"
 
     def chunk_instruction(self, part_index: int, part_count: int, *, window: int | None = None) -> str:
         """The user message of one part's request; `window` (the summariser's) picks tiny or full."""

@@ -1,11 +1,18 @@
-"""proxy.dialects.catalog: each dialect at one route, named once; the router serves exactly those routes."""
+"""proxy.dialects.catalog: each dialect at one route, named once; the router serves exactly those routes; each
+served as what the upstream speaks needs."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from proxy.dialects.catalog import API_PREFIX, DIALECTS, ROUTES, error_body, route_path
+from proxy.config import settings_from_mapping
+from proxy.dialects.catalog import API_PREFIX, DIALECTS, ROUTES, error_body, fallback, route_path, serving
 from proxy.dialects.chat import CHAT
+from proxy.dialects.messages import MESSAGES
+from proxy.dialects.messages_over_chat import MESSAGES_OVER_CHAT
+from proxy.dialects.responses import RESPONSES, RESPONSES_OVER_CHAT
 from proxy.errors import BadRequest, Unauthorized
 
 
@@ -45,3 +52,20 @@ def test_a_proxy_error_takes_the_shape_of_the_api_at_its_path(path: str, anthrop
     body = error_body(path, BadRequest("no"))
     assert (body.get("type") == "error" and body["error"]["type"] == "invalid_request_error") is anthropic
     assert anthropic or body == BadRequest("no").body()
+
+
+@pytest.mark.parametrize(("dialect", "api", "served", "bridge"), [
+    (MESSAGES, "messages", MESSAGES, None),
+    (MESSAGES, "chat", MESSAGES_OVER_CHAT, None),
+    (MESSAGES, "auto", MESSAGES, MESSAGES_OVER_CHAT),
+    (RESPONSES, "responses", RESPONSES, None),
+    (RESPONSES, "chat", RESPONSES_OVER_CHAT, None),
+    (RESPONSES, "auto", RESPONSES, RESPONSES_OVER_CHAT),
+    (CHAT, "chat", CHAT, None),
+])
+def test_what_each_client_api_is_served_by_for_what_the_upstream_speaks(dialect: Any, api: str, served: Any,
+                                                                         bridge: Any) -> None:
+    """upstream_api: the client's own API, the bridge to chat, or the client's own until a 404 says otherwise."""
+    settings = settings_from_mapping({"dialects": {name: {"upstream_api": api} for name in ("messages", "responses")
+                                                   if name == dialect.name}}, env={})
+    assert serving(dialect, settings) is served and fallback(dialect, settings) is bridge

@@ -14,7 +14,7 @@ from multidict import CIMultiDict
 
 from proxy.core.usage import Usage
 from proxy.dialects.dialect import Dialect
-from proxy.dialects.messages import MESSAGES, MessagesDialect, MessagesTap, messages_usage
+from proxy.dialects.messages import MESSAGES, MESSAGES_MANAGING_UPSTREAM, MessagesDialect, MessagesTap, messages_usage
 from proxy.dialects.messages_request import MessagesCall
 from proxy.errors import BadRequest, ProxyError, UpstreamUnreachable
 
@@ -68,11 +68,15 @@ def test_a_compacted_history_alternates_and_keeps_the_round_whole() -> None:
      "upstream_manages_context"),
     ({"context_management": {"edits": "all"}}, "upstream_manages_context"),
     ({"context_management": {"edits": [], "compaction": {"type": "summarize"}}}, "upstream_manages_context"),
+    ({"compaction": {"type": "summarize"}}, "upstream_manages_context"),
 ])
-def test_anthropics_own_context_management_is_left_to_the_upstream(fields: dict[str, Any],
-                                                                    reason: str | None) -> None:
-    request = call(**fields)
-    assert MESSAGES.left_alone(request) == reason and (MESSAGES.history(request) is None) == (reason is not None)
+def test_anthropics_own_context_management_is_left_to_an_upstream_that_runs_it(fields: dict[str, Any],
+                                                                                reason: str | None) -> None:
+    body = json.dumps({"model": "claude", "max_tokens": 512, "messages": MESSAGES_IN, **fields}).encode()
+    request = MESSAGES_MANAGING_UPSTREAM.parse(body, {}, "")
+    assert request.body == body  # forwarded byte for byte
+    dialect = MESSAGES_MANAGING_UPSTREAM
+    assert dialect.left_alone(request) == reason and (dialect.history(request) is None) == (reason is not None)
 
 
 @pytest.mark.parametrize("messages", [[], "hi", [{"role": "system", "content": "x"}], [5]])

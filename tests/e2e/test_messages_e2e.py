@@ -87,9 +87,10 @@ async def test_the_proxys_own_errors_take_anthropics_shape(model: MessagesModel,
     assert model.received == []
 
 
-async def test_anthropics_own_context_management_is_left_to_the_upstream(model: MessagesModel, fake: FakeUpstream,
-                                                                        make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy({"models": {"default": {"context_window": WINDOW}}})
+async def test_anthropics_own_context_management_is_left_to_an_upstream_that_runs_it(
+        model: MessagesModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy({"models": {"default": {"context_window": WINDOW}},
+                              "dialects": {"messages": {"upstream_context_management": True}}})
     body: dict[str, Any] = {"model": MODEL, "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
                             "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}
     raw = json.dumps(body).encode()

@@ -57,6 +57,9 @@ class MessagesModel:
     # `max_tokens` exceed context limit: P + T > W, ..."); off, every refusal says "prompt is too long".
     sum_wording: bool = False
     refusal: tuple[int, str, str] | None = None  # (status, body, content type) served instead, as a provider sent it
+    # Whether the server runs Anthropic's context management (Anthropic's API does; most Messages servers do not, and
+    # refuse its fields and blocks as unknown input, as a strict server refuses any field it does not know).
+    manages_context: bool = False
     received: list[Body] = field(default_factory=list)
     prompts: list[int] = field(default_factory=list)  # the fake's count of each received body, as `received`
     counted: list[int] = field(default_factory=list)  # what POST /v1/messages/count_tokens answered
@@ -104,6 +107,12 @@ class MessagesModel:
             return "model: Field required"
         if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
             return "max_tokens: Field required"
+        if not self.manages_context:
+            unknown = [key for key in ("context_management", "compaction") if key in body]
+            if unknown:
+                return f"{unknown[0]}: Extra inputs are not permitted"
+            if '"type": "compaction"' in json.dumps(body.get("messages")):
+                return "messages: Input tag 'compaction' found using 'type' does not match any of the expected tags"
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return "messages: at least one message is required"

@@ -40,6 +40,7 @@ RENDER_CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
     "elided.md": ({"tokens": 4321}, ["4321 tokens", "left out", "verbatim"]),
     "merge_instruction.md": ({"part_count": 7}, ["7 partial summaries"]),
     "chunk_instruction.md": ({"part_index": 2, "part_count": 5}, ["part 2 of 5", "```json"]),
+    "client_instructions.md": ({"instructions": "Keep every file path"}, ["Keep every file path", "```"]),
 }
 
 

@@ -1,0 +1,58 @@
+"""One request's state on its way through the pipeline, and what a route's handler uses of a pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from proxy.compaction.compactor import Conversation
+from proxy.core.budget import Limits
+from proxy.core.history_index import History
+from proxy.core.messages import Message
+from proxy.core.usage import Usage
+from proxy.core.view import View
+from proxy.dialects.call import Call
+from proxy.upstream.answer import Answer
+
+C = TypeVar("C", bound=Call)
+
+
+@dataclass
+class Journey(Generic[C]):
+    """The state of one request as it moves through the pipeline."""
+
+    call: C
+    view: View  # the client's conversation, neutral, with the items each message goes back as
+    conversation: Conversation
+    limits: Limits
+    history: History  # the client's messages as the index read them: chain and token counts
+    overhead: int  # raw tokens of the request besides its messages (tools, the reply primer)
+    trigger: str = "none"
+    failed: bool = False
+    reason: str | None = None  # why a compaction that was wanted did not happen
+    tokens_before: int = 0
+    elided: int = 0
+    forwarded: list[Message] = field(default_factory=list)
+    counted: tuple[list[Message], list[int]] | None = None  # token counts of the last messages counted
+
+
+class Serving(Protocol):
+    """What a route's handler and the runtime use of a pipeline (or of a pair of them, see api_fallback)."""
+
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> Any: ...
+
+    def answer(self, call: Any) -> AbstractAsyncContextManager[Answer]: ...
+
+    async def close(self) -> None: ...
+
+    async def compacted(self, call: Any) -> Journey[Any] | None: ...
+
+    def summary_usage(self, journey: Journey[Any]) -> Usage: ...
+
+    def compaction_answer(self, journey: Journey[Any]) -> Answer: ...
+
+    def edited(self, call: Any) -> Any: ...
+
+    def estimate(self, call: Any) -> int: ...
