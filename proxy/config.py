@@ -248,6 +248,13 @@ class ResponsesDialectConfig(_Frozen):
     # forwarded untouched. Off (every other upstream), the proxy honours that contract itself.
     upstream_compaction: bool = False
 
+    @model_validator(mode="after")
+    def _compacting_only_where_spoken(self) -> ResponsesDialectConfig:
+        if self.upstream_compaction and self.upstream_api == "chat":
+            raise ValueError("upstream_compaction: true needs an upstream that speaks the Responses API "
+                             "(upstream_api: responses or auto); a chat-completions upstream compacts nothing")
+        return self
+
 
 class MessagesDialectConfig(_Frozen):
     # What the upstream speaks to Anthropic Messages API clients (Claude Code, the `anthropic` SDK): the Messages API
@@ -260,6 +267,13 @@ class MessagesDialectConfig(_Frozen):
     # requests that ask for no edit that changes anything. Off (every other upstream), the proxy applies them: the
     # clearing edits, the compaction edit (its `compaction` block, its pause) and on-demand compaction.
     upstream_context_management: bool = False
+
+    @model_validator(mode="after")
+    def _managed_only_where_spoken(self) -> MessagesDialectConfig:
+        if self.upstream_context_management and self.upstream_api == "chat":
+            raise ValueError("upstream_context_management: true needs an upstream that speaks the Messages API "
+                             "(upstream_api: messages or auto); a chat-completions upstream runs none of it")
+        return self
 
 
 class DialectsConfig(_Frozen):

@@ -431,12 +431,19 @@ def test_what_the_upstream_speaks_to_messages_clients(api: str) -> None:
     settings = settings_from_mapping({"dialects": {"messages": {"upstream_api": api}}}, env={})
     assert settings.dialects.messages.upstream_api == api
     assert settings_from_mapping({}, env={}).dialects.messages.upstream_api == "messages"
+    # An upstream that speaks the API may run its context management: with auto, until it shows it speaks chat only.
+    managed = {"dialects": {"messages": {"upstream_api": "auto", "upstream_context_management": True}}}
+    assert settings_from_mapping(managed, env={}).dialects.messages.upstream_context_management
 
 
 @pytest.mark.parametrize(("tree", "fragment"), [
     ({"dialects": {"responses": {"upstream_api": "guess"}}}, "upstream_api"),
     ({"dialects": {"messages": {"upstream_api": "responses"}}}, "upstream_api"),
     ({"dialects": {"chat": {}}}, "chat"),
+    ({"dialects": {"messages": {"upstream_api": "chat", "upstream_context_management": True}}},
+     "upstream_context_management: true needs an upstream that speaks the Messages API"),
+    ({"dialects": {"responses": {"upstream_api": "chat", "upstream_compaction": True}}},
+     "upstream_compaction: true needs an upstream that speaks the Responses API"),
 ])
 def test_dialect_settings_are_checked(tree: dict[str, Any], fragment: str) -> None:
     assert fragment in invalid(tree)

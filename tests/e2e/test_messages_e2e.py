@@ -103,15 +103,20 @@ async def test_anthropics_own_context_management_is_left_to_an_upstream_that_run
 async def test_a_proxy_key_in_x_api_key_is_not_forwarded(model: MessagesModel, fake: FakeUpstream,
                                                          make_proxy: ProxyFactory) -> None:
     """Claude Code sends its key as x-api-key: the proxy's key opens the proxy and goes no further; the upstream
-    gets the configured key, and Anthropic's version and beta headers as the client sent them."""
+    gets the configured key, and Anthropic's version and beta headers as the client sent them. (This SDK sends
+    its api_key as a bearer token, so the header is set as Claude Code sets it.)"""
     proxy = await make_proxy({"server": {"api_keys": ["proxy-key-0123456789"]},
                               "upstream": {"api_key": "sk-upstream-key"}})
-    client = anthropic_client(proxy.url, api_key="proxy-key-0123456789",
-                              default_headers={"anthropic-beta": "context-1m-2025-08-07"})
+    client = anthropic_client(proxy.url, default_headers={"Authorization": anthropic.omit,
+                                                          "x-api-key": "proxy-key-0123456789",
+                                                          "anthropic-beta": "context-1m-2025-08-07"})
     await client.messages.create(model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "hi"}])
-    sent = [request.headers for request in fake.requests if request.path == "/v1/messages"][-1]
+    received = [request for request in fake.requests if request.path == "/v1/messages"][-1]
+    assert received.headers.get("x-api-key") is None or received.headers["x-api-key"] != "proxy-key-0123456789"
+    sent = received.headers
     lowered = {name.lower(): value for name, value in sent.items()}
-    assert "proxy-key-0123456789" not in json.dumps(sent)
+    assert "proxy-key-0123456789" not in json.dumps(dict(sent))
+    assert lowered["authorization"] == "Bearer sk-upstream-key"
     assert lowered["anthropic-version"] and lowered["anthropic-beta"] == "context-1m-2025-08-07"
 
 

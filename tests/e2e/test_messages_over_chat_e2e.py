@@ -84,6 +84,30 @@ async def test_auto_learns_a_chat_only_upstream_from_its_first_404(model: AgentM
         ("messages", "chat", 404)]
 
 
+async def test_the_request_auto_learns_from_keeps_its_context_edits(model: AgentModel, fake: FakeUpstream,
+                                                                    make_proxy: ProxyFactory) -> None:
+    """The first request goes to /v1/messages, gets a 404 and is read again for chat: the edits it asked for, taken
+    off its body by the first reading, still apply to it, and the answer still reports them."""
+    proxy = await make_proxy({"dialects": {"messages": {"upstream_api": "auto"}}})
+    messages: list[Any] = [{"role": "user", "content": INSTRUCTION}]
+    for turn in range(3):
+        messages += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{turn}", "name": "read_file",
+                                                        "input": {"path": f"f{turn}.py"}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{turn}",
+                                                   "content": "x = 1\n" * 50}]}]
+    edit = {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 1},
+            "keep": {"type": "tool_uses", "value": 1}}
+    message = await anthropic_client(proxy.url).beta.messages.create(
+        model=MODEL, max_tokens=MAX_TOKENS, tools=TOOLS, messages=messages, context_management={"edits": [edit]},
+        betas=["context-management-2025-06-27"])
+    assert posted(fake).count("/v1/messages") == 1
+    assert message.context_management is not None
+    [applied] = message.context_management.applied_edits
+    assert applied.model_dump()["cleared_tool_uses"] == 2
+    results = [entry["content"] for entry in model.chat_calls[-1].body["messages"] if entry["role"] == "tool"]
+    assert [text.startswith("[cleared") for text in results] == [True, True, False]
+
+
 async def test_auto_keeps_the_messages_api_when_only_the_model_is_missing(fake: FakeUpstream,
                                                                           make_proxy: ProxyFactory) -> None:
     """A 404 in Anthropic's own envelope is about the model: the server has the Messages API."""
