@@ -1,14 +1,18 @@
 """Summariser calls and tokens before -> after for the scenarios agents and chats live in, at small windows.
 
-Usage: python bench/agents.py
+Usage: python bench/agents.py [--only rows|tool-stages] [--calls 200] [--window 32000] [--seed 30] [--huge 3]
 Each scenario drives the real proxy (in-process, on 127.0.0.1) with the openai or anthropic SDK against a fake
 upstream that enforces its window by counting tokens (more than the proxy's own estimate, as real servers differ).
 It prints, per scenario: requests, summariser calls, compactions, the tokens each compaction took the history from
 and to, and the largest prompt the upstream received.
+
+Then "tool stages" (bench/tool_stages.py, issue 30): one seeded agent conversation of 200 tool calls at a 32,000-token
+window with the tool-result stages off, stage 1 only, and stages 1+2, in a table of its own.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
@@ -20,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import tool_stages
 from proxy.app import start_server
 from proxy.config import settings_from_mapping
 from tests.fakes.agent import AgentModel, run_agent
@@ -84,7 +89,7 @@ async def scenario(label: str, model: WindowedModel, window: int, drive: Drive,
           f"{largest} / {window} |")
 
 
-async def main() -> None:
+async def rows() -> None:
     print("| scenario | requests | summariser calls | compactions | summarised tokens before -> after | "
           "largest prompt / window |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -121,6 +126,29 @@ async def main() -> None:
                    lambda url: run_script(async_client(url), 60))
 
 
+async def main(args: argparse.Namespace) -> None:
+    if args.only in (None, "rows"):
+        await rows()
+    if args.only in (None, "tool-stages"):
+        if args.only is None:
+            print()
+        print(await tool_stages.run(args.calls, seed=args.seed, window=args.window, huge=args.huge,
+                                    seconds=args.seconds))
+
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    parser.add_argument("--only", choices=("rows", "tool-stages"), help="one part only (default: both)")
+    parser.add_argument("--calls", type=int, default=tool_stages.CALLS, help="tool stages: tool calls (default 200)")
+    parser.add_argument("--window", type=int, default=tool_stages.WINDOW,
+                        help="tool stages: the window, result sizes scaled with it (default 32000)")
+    parser.add_argument("--seed", type=int, default=tool_stages.SEED, help="tool stages: the plan's seed")
+    parser.add_argument("--huge", type=int, default=tool_stages.HUGE, help="tool stages: huge results (default 3)")
+    parser.add_argument("--seconds", type=float, default=tool_stages.ARM_SECONDS,
+                        help="tool stages: the longest one arm may run (default 90)")
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
-    asyncio.run(main())
+    asyncio.run(main(arguments()))

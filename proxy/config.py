@@ -144,6 +144,40 @@ class SummarizerConfig(_Frozen):
     evidence: bool = True
 
 
+class ClearConfig(_Frozen):
+    """Stage 1: old tool results replaced by a placeholder in what is forwarded (no model call)."""
+
+    enabled: bool = True
+    # Clear once the prompt and the reserved output pass this share of the window, or compaction.threshold if that
+    # is lower: the small tool always comes before the summary.
+    trigger: float = Field(0.5, gt=0, lt=1)
+    # The most recent results kept whole. A clearing clears all the others at once, so the next one comes only when
+    # the prompt passes the trigger again: between the two every request starts with the same bytes.
+    keep: int = Field(8, ge=0)
+    clear_at_least: int = Field(2048, ge=0)  # tokens: clear nothing for less (a cleared prefix busts the cache once)
+    exclude_tools: tuple[str, ...] = ()
+    clear_inputs: bool = False  # the cleared calls' arguments too
+
+
+class SummarizePairsConfig(_Frozen):
+    """Stage 2: old tool rounds summarised one by one in the background, swapped in when they match exactly. Off by
+    default: measured on a 200-call agent (bench/agents.py --only tool-stages), it passes nearly all tool output
+    through the summariser once and moves the prefix more often, for no fewer whole-history summaries than
+    clearing alone."""
+
+    enabled: bool = False
+    batch_size: int = Field(10, ge=1, le=50)
+    keep_recent: int = Field(8, ge=0)  # the most recent rounds never summarised
+    # Summarise once the unsummarised rounds' results pass this share of the window.
+    cutoff: float = Field(0.25, gt=0, lt=1)
+    max_summary_tokens: int = Field(200, ge=16)  # per round
+
+
+class ToolResultsConfig(_Frozen):
+    clear: ClearConfig = ClearConfig()
+    summarize_pairs: SummarizePairsConfig = SummarizePairsConfig()
+
+
 class CompactionConfig(_Frozen):
     enabled: bool = True
     # shadow: decide and report (headers, log line, metrics) but forward every request unchanged.
@@ -157,6 +191,8 @@ class CompactionConfig(_Frozen):
     background: bool = True
     prompts_dir: Path | None = None
     summarizer: SummarizerConfig = SummarizerConfig()
+    # The smaller tools before the whole-history summary (stages 1 and 2); models.<name>.tool_results overrides.
+    tool_results: ToolResultsConfig = ToolResultsConfig()
 
     @property
     def proactive(self) -> bool:
@@ -172,6 +208,7 @@ class CompactionConfig(_Frozen):
 class ModelConfig(_Frozen):
     context_window: int = Field(128000, gt=0)
     manages_own_context: bool = False
+    tool_results: ToolResultsConfig | None = None  # this model's stages 1 and 2; compaction.tool_results if unset
 
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -318,6 +355,10 @@ class Settings(_Frozen):
     def model_for(self, name: str | None) -> ModelConfig:
         """Per-model facts: an exact entry, else `default`."""
         return self.models.get(name or "", self.models["default"])
+
+    def tool_results_for(self, name: str | None) -> ToolResultsConfig:
+        """The model's own tool-result stages where it sets them, else the global ones."""
+        return self.model_for(name).tool_results or self.compaction.tool_results
 
 
 def _withholding_proxy_keys(upstream: UpstreamConfig, info: ValidationInfo) -> UpstreamConfig:

@@ -13,6 +13,9 @@ TOKENS_AFTER = "x-compaction-tokens-after"
 SHADOW_TOKENS_BEFORE = "x-compaction-shadow-tokens-before"
 SHADOW_TOKENS_AFTER = "x-compaction-shadow-tokens-after"
 ELIDED = "x-compaction-elided"
+CLEARED = "x-compaction-cleared"  # stage 1: how many old tool results were cleared in the request forwarded
+CLEARED_TOKENS = "x-compaction-cleared-tokens"  # and the tokens that freed
+PAIR_SUMMARIES = "x-compaction-pair-summaries"  # stage 2: how many old tool rounds went as their stored summaries
 REASON = "x-compaction-reason"
 COUNTED_BY = "x-compaction-counted-by"  # "proxy" on a token count the proxy estimated (the upstream has none)
 # What each context-management edit a client asked of the proxy did: `edit=outcome` pairs, comma-separated.
@@ -27,7 +30,8 @@ OUTCOMES: frozenset[str] = frozenset(get_args(Outcome))
 SHADOW_DECISIONS: frozenset[str] = frozenset(get_args(ShadowDecision))
 # The whole-number headers, by the name each has as a log field.
 COUNTS = {TOKENS_BEFORE: "tokens_before", TOKENS_AFTER: "tokens_after", SHADOW_TOKENS_BEFORE: "shadow_tokens_before",
-          SHADOW_TOKENS_AFTER: "shadow_tokens_after", ELIDED: "elided"}
+          SHADOW_TOKENS_AFTER: "shadow_tokens_after", ELIDED: "elided", CLEARED: "cleared",
+          CLEARED_TOKENS: "cleared_tokens", PAIR_SUMMARIES: "pair_summaries"}
 _REASON = re.compile(r"[a-z_]{1,40}")
 _MAX_DIGITS = 12
 

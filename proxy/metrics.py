@@ -95,6 +95,19 @@ class Metrics:
             "compaction_proxy_shadow_saved_tokens", "Prompt tokens compaction would have saved in shadow mode",
             registry=self.registry)
 
+        self.tool_result_tokens_freed = Counter(
+            "compaction_proxy_tool_result_tokens_freed", "Prompt tokens the tool-result stages freed in requests "
+            "forwarded, by stage: cleared (stage 1), pair_summaries (stage 2)", ["stage"], registry=self.registry)
+        self.pair_summaries = Counter(
+            "compaction_proxy_pair_summaries", "Tool-round summaries (stage 2), in rounds, by outcome: made (stored), "
+            "applied (swapped into a request), mismatch (a stored summary whose round changed: skipped), failed",
+            ["outcome"], registry=self.registry)
+        self.pair_summary_calls = Counter(
+            "compaction_proxy_pair_summary_calls", "Summariser calls for tool-round summaries, by result (ok, error)",
+            ["result"], registry=self.registry)
+        self.pair_summary_tokens = Counter(
+            "compaction_proxy_pair_summary_tokens", "Tokens billed to tool-round summaries, by kind (prompt, "
+            "completion); whole-history summaries are counted in summarizer_tokens", ["kind"], registry=self.registry)
         self.context_edits = Counter(
             "compaction_proxy_context_edits", "Context-management edits clients asked of the proxy (Anthropic's "
             "clearing edits; `compaction` for a compaction asked for), by edit and outcome", ["edit", "outcome"],

@@ -76,6 +76,9 @@ def example_tree() -> dict[str, Any]:
     tree: dict[str, Any] = yaml.safe_load(text)
     assert tree["compaction"]["summarizer"]["upstream"] is None
     tree["compaction"]["summarizer"]["upstream"] = commented_block(text, "upstream")["upstream"]
+    for model in tree["models"].values():  # a model's own stages have the keys documented globally
+        assert model["tool_results"] is None
+        model["tool_results"] = tree["compaction"]["tool_results"]
     return tree
 
 

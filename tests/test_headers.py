@@ -11,19 +11,22 @@ from proxy import headers as h
 from proxy.headers import COUNTS, OUTCOMES, SHADOW_DECISIONS, log_fields, outcome_of
 
 NAMES = [h.COMPACTION, h.SHADOW, h.TOKENS_BEFORE, h.TOKENS_AFTER, h.SHADOW_TOKENS_BEFORE, h.SHADOW_TOKENS_AFTER,
-         h.ELIDED, h.REASON, h.MODE]
+         h.ELIDED, h.CLEARED, h.CLEARED_TOKENS, h.PAIR_SUMMARIES, h.REASON, h.EDITS, h.MODE]
 
 
 def test_names_and_vocabularies() -> None:
     assert NAMES == ["x-compaction", "x-compaction-shadow", "x-compaction-tokens-before", "x-compaction-tokens-after",
                      "x-compaction-shadow-tokens-before", "x-compaction-shadow-tokens-after", "x-compaction-elided",
-                     "x-compaction-reason", "x-compaction-mode"]
+                     "x-compaction-cleared", "x-compaction-cleared-tokens", "x-compaction-pair-summaries",
+                     "x-compaction-reason",
+                     "x-compaction-edits", "x-compaction-mode"]
     assert len(set(NAMES)) == len(NAMES) and all(name == name.lower() for name in NAMES)
     assert OUTCOMES == {"none", "proactive", "reactive", "reused", "failed", "not-applicable"}
     assert SHADOW_DECISIONS == {"none", "reused", "proactive", "reactive"}
     assert COUNTS == {h.TOKENS_BEFORE: "tokens_before", h.TOKENS_AFTER: "tokens_after",
                       h.SHADOW_TOKENS_BEFORE: "shadow_tokens_before", h.SHADOW_TOKENS_AFTER: "shadow_tokens_after",
-                      h.ELIDED: "elided"}
+                      h.ELIDED: "elided", h.CLEARED: "cleared", h.CLEARED_TOKENS: "cleared_tokens",
+                      h.PAIR_SUMMARIES: "pair_summaries"}
 
 
 @pytest.mark.parametrize(("value", "expected"), [

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from proxy.compaction.compactor import Conversation
+from proxy.compaction.pair_summaries import Swapped
 from proxy.core.budget import Limits
+from proxy.core.clearing import Cleared
 from proxy.core.history_index import History
 from proxy.core.messages import Message
 from proxy.core.usage import Usage
@@ -34,6 +36,8 @@ class Journey(Generic[C]):
     reason: str | None = None  # why a compaction that was wanted did not happen
     tokens_before: int = 0
     elided: int = 0
+    swapped: Swapped | None = None  # stage 2: stored summaries of old tool rounds swapped into what is forwarded
+    cleared: Cleared | None = None  # stage 1: old tool results cleared in what is forwarded
     forwarded: list[Message] = field(default_factory=list)
     counted: tuple[list[Message], list[int]] | None = None  # token counts of the last messages counted
 

@@ -16,6 +16,7 @@ from multidict import CIMultiDict
 from proxy.compaction import edit_report
 from proxy.compaction.compactor import Compactor, Conversation, Flight
 from proxy.compaction.journey import C, Journey
+from proxy.compaction.tool_stages import ToolStages
 from proxy.config import TARGET_SHARE_OF_THRESHOLD, Settings
 from proxy.core import budget
 from proxy.core.budget import Limits
@@ -31,8 +32,11 @@ from proxy.core.view import View
 from proxy.dialects.dialect import Dialect
 from proxy.errors import ProxyError
 from proxy.headers import (
+    CLEARED,
+    CLEARED_TOKENS,
     COMPACTION,
     ELIDED,
+    PAIR_SUMMARIES,
     REASON,
     SHADOW,
     SHADOW_TOKENS_AFTER,
@@ -56,9 +60,12 @@ class Pipeline(Generic[C]):
 
     def __init__(self, dialect: Dialect[C], settings: Settings, upstream: Upstream, compactor: Compactor,
                  counter: TokenCounter, calibration: Calibration, windows: ContextWindows, metrics: Metrics,
-                 history: HistoryIndex | None = None, count: Callable[[str], None] | None = None) -> None:
-        """`count` sees what compaction did for each answer (x-compaction), for a dialect's own counter."""
+                 history: HistoryIndex | None = None, count: Callable[[str], None] | None = None,
+                 stages: ToolStages | None = None) -> None:
+        """`count` sees what compaction did for each answer (x-compaction), for a dialect's own counter; `stages`
+        are the tool-result stages (without: clearing only, no pair summaries)."""
         self._settings = settings
+        self._stages = stages or ToolStages(settings, counter, calibration, None)
         self._count = count
         self._dialect = dialect
         self._upstream = upstream
@@ -187,6 +194,7 @@ class Pipeline(Generic[C]):
     async def _journey(self, call: C, view: View, stack: AsyncExitStack) -> Answer:
         started = time.perf_counter()
         journey = await self._begin(call, view)
+        await self._stages.shape(journey)
         summarising = 0.0
         if self._mode(call) == "force" or budget.over_threshold(journey.limits, self._estimate(journey)):
             compacting = time.perf_counter()
@@ -276,6 +284,7 @@ class Pipeline(Generic[C]):
         else:
             journey.reason = outcome.reason
             journey.failed = journey.failed or outcome.reason in ("failed", "backoff")
+        await self._stages.shape(journey)
         self._elide(journey)
         if outcome.record is not None or journey.elided:
             journey.trigger = trigger
@@ -283,14 +292,14 @@ class Pipeline(Generic[C]):
 
     def _elide(self, journey: Journey[C]) -> None:
         """Shrink what still does not fit (a huge tool result in the tail); the client's copy stays whole."""
-        messages = journey.conversation.messages
+        messages = self._stages.base(journey)
         elided = elide_oversized(messages, journey.conversation.replaced, self._counter.count_message,
                                  self._counter.count_text, journey.limits, self._compactor.elision_marker)
         journey.forwarded = elided.messages
         journey.elided = elided.count
 
     def _messages(self, journey: Journey[C]) -> list[Message]:
-        return journey.forwarded if journey.elided else journey.conversation.messages
+        return journey.forwarded if journey.elided else self._stages.base(journey)
 
     def _estimate(self, journey: Journey[C]) -> int:
         return self._calibration.adjust(journey.call.model, self._raw_estimate(journey))
@@ -304,7 +313,7 @@ class Pipeline(Generic[C]):
         if journey.counted is not None and journey.counted[0] is messages:
             return journey.counted[1]
         conversation, read = journey.conversation, journey.history.tokens
-        if journey.elided:
+        if journey.elided or journey.cleared or journey.swapped:
             tokens = self._counter.count_each(messages)
         elif conversation.record is None:
             tokens = read
@@ -328,7 +337,8 @@ class Pipeline(Generic[C]):
         call = journey.call
         body = call.body
         inject_usage = self._inject_usage(call)
-        if journey.conversation.record is not None or journey.elided or inject_usage:
+        if journey.conversation.record is not None or journey.elided or journey.cleared or journey.swapped \
+                or inject_usage:
             body = self._dialect.forwarded(call, journey.view, self._messages(journey), ask_usage=inject_usage)
         return await self._forward(call, stack, body)
 
@@ -340,6 +350,11 @@ class Pipeline(Generic[C]):
             headers[TOKENS_AFTER] = str(self._estimate(journey))
         if journey.elided:
             headers[ELIDED] = str(journey.elided)
+        if journey.cleared:  # (told once per answer, so counted here)
+            headers[CLEARED], headers[CLEARED_TOKENS] = str(journey.cleared.results), str(journey.cleared.freed)
+            self._metrics.tool_result_tokens_freed.labels("cleared").inc(journey.cleared.freed)
+        if journey.swapped:
+            headers[PAIR_SUMMARIES] = str(journey.swapped.applied)
         if journey.reason is not None:
             headers[REASON] = journey.reason
         return headers
@@ -390,9 +405,11 @@ class Pipeline(Generic[C]):
         next_input = last_input_tokens(self._messages(journey), self._message_tokens(journey))
         # The next turn resends this prompt and answer plus one more input: if that will pass the threshold,
         # build its summary now so the next request finds it ready.
-        if self._settings.compaction.background and budget.over_threshold(
-                journey.limits, prompt_tokens + budget.next_turn_growth(next_input, answer)):
+        growth = budget.next_turn_growth(next_input, answer)
+        if self._settings.compaction.background and budget.over_threshold(journey.limits, prompt_tokens + growth) \
+                and not self._stages.clearing_would_do(journey, growth):
             self._start_background(journey, answer)
+        self._stages.after_answer(journey, journey.call.headers)
 
     def _start_background(self, journey: Journey[C], answer_tokens: int) -> None:
         try:
@@ -412,3 +429,4 @@ class Pipeline(Generic[C]):
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("background summary failed: %s", task.exception())
+

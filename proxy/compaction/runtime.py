@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +13,9 @@ import aiohttp
 from proxy.compaction.api_fallback import NativeOrChat
 from proxy.compaction.compactor import Compactor
 from proxy.compaction.journey import Serving
+from proxy.compaction.pair_summaries import PairSummaries
 from proxy.compaction.pipeline import Pipeline
+from proxy.compaction.tool_stages import ToolStages, pair_policy
 from proxy.config import Settings
 from proxy.core.calibration import Calibration
 from proxy.core.fingerprint import HASH_ERRORS
@@ -26,6 +28,7 @@ from proxy.metrics import Metrics
 from proxy.store.flights import Build, Flights
 from proxy.store.store import CompactedPrefix, SummaryStore
 from proxy.summarizer.model_client import ModelClient
+from proxy.summarizer.structured_output import Mode
 from proxy.summarizer.templates import Templates
 from proxy.upstream.discovery import WindowSource
 from proxy.upstream.upstream import Upstream
@@ -85,11 +88,12 @@ class Runtime:
     """
 
     def __init__(self, settings: Settings, upstream: Upstream, windows: ContextWindows,
-                 pipelines: Mapping[str, Serving]) -> None:
+                 pipelines: Mapping[str, Serving], stages: ToolStages | None = None) -> None:
         self.settings = settings
         self.upstream = upstream
         self.windows = windows
         self.pipelines = pipelines  # by dialect name
+        self.stages = stages
         self.proxy_keys = tuple(key.get_secret_value().encode("utf-8", HASH_ERRORS)
                                 for key in settings.server.api_keys)
         self._in_flight = 0
@@ -116,6 +120,8 @@ class Runtime:
     async def close(self) -> None:
         for pipeline in self.pipelines.values():
             await pipeline.close()
+        if self.stages is not None:
+            await self.stages.close()
         await self.windows.close()
 
 
@@ -139,30 +145,39 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
     windows = ContextWindows(settings, {"chat": WindowSource.of(shared.session, upstream),
                                         "summarizer": WindowSource.of(shared.session, summarizer_upstream)})
 
-    def summarizer_model(name: str, headers: Mapping[str, str], max_tokens: int, whole_tokens: int) -> ModelClient:
-        return ModelClient(
-            summarizer_upstream, name, headers, max_output_tokens=max_tokens, whole_output_tokens=whole_tokens,
-            context_window=windows.window(name, "summarizer"), timeout=summarizer_config.timeout,
-            output_field=summarizer_config.output_limit_field, temperature=summarizer_config.temperature,
-            structured_output=summarizer_config.structured_output,
-            estimate=lambda messages: calibration.adjust(name, counter.count_messages(messages)))
+    def model_clients(structured_output: Mode) -> Callable[[str, Mapping[str, str], int, int], ModelClient]:
+        def model(name: str, headers: Mapping[str, str], max_tokens: int, whole_tokens: int) -> ModelClient:
+            return ModelClient(
+                summarizer_upstream, name, headers, max_output_tokens=max_tokens, whole_output_tokens=whole_tokens,
+                context_window=windows.window(name, "summarizer"), timeout=summarizer_config.timeout,
+                output_field=summarizer_config.output_limit_field, temperature=summarizer_config.temperature,
+                structured_output=structured_output,
+                estimate=lambda messages: calibration.adjust(name, counter.count_messages(messages)))
+        return model
 
+    summarizer_model = model_clients(summarizer_config.structured_output)
     compactor = Compactor(settings, shared.store, counter, templates, metrics, summarizer_model, calibration,
                           shared.flights)
+
+    # Pair summaries are a list of short texts, never the whole-history summary's schema: plain requests.
+    pair_model = model_clients("off")
+    pairs = PairSummaries(shared.store, pair_model, templates, counter, metrics, pair_policy(settings))
+    stages = ToolStages(settings, counter, calibration, pairs)
+
     def chat_requests(outcome: str) -> None:
         metrics.chat_requests.labels(outcome).inc()
 
     def pipeline(dialect: Dialect[Any]) -> Pipeline[Any]:
         # The older counter is chat completions' own; every route is counted by requests_total.
         return Pipeline(dialect, settings, upstream, compactor, counter, calibration, windows, metrics,
-                        shared.history, count=chat_requests if dialect is CHAT else None)
+                        shared.history, count=chat_requests if dialect is CHAT else None, stages=stages)
 
     def served(dialect: Dialect[Any]) -> Serving:
         native, bridge = pipeline(serving(dialect, settings)), fallback(dialect, settings)
         return native if bridge is None else NativeOrChat(dialect.name, native, pipeline(bridge))
 
     pipelines = {dialect.name: served(dialect) for dialect in DIALECTS}
-    return Runtime(settings, upstream, windows, pipelines)
+    return Runtime(settings, upstream, windows, pipelines, stages)
 
 
 class RuntimeSlot:

@@ -81,6 +81,15 @@ def over_threshold(limits: Limits, prompt_tokens: int) -> bool:
     return limits.proactive and prompt_tokens + limits.reserve > limits.trigger_tokens
 
 
+def clearing_room(limits: Limits, share: float) -> int:
+    """The prompt tokens a request may take before old tool results are cleared (stage 1, before any summary):
+    `share` of the window with the reserved output beside it, or the compaction trigger if that comes first."""
+    room = share * limits.window - limits.reserve
+    if limits.proactive:
+        room = min(room, limits.trigger_tokens - limits.reserve)
+    return max(int(room), 0)
+
+
 def near_window(limits: Limits, prompt_tokens: int) -> bool:
     """Whether an unexplained failure (an empty stream) is plausibly an overflow: the prompt is past the target."""
     return prompt_tokens > limits.target_tokens

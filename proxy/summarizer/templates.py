@@ -24,8 +24,9 @@ ACKNOWLEDGEMENT = "acknowledgement.md"
 ELIDED = "elided.md"
 SUMMARY_NOTE = "summary_note.md"
 CLIENT_INSTRUCTIONS = "client_instructions.md"
+PAIR_SUMMARIES = "pair_summaries.md"
 TEMPLATE_NAMES = (COMPACTION_PROMPT, COMPACTION_INSTRUCTION, SUMMARY, CONTINUATION, MERGE_INSTRUCTION,
-                  CHUNK_INSTRUCTION, ACKNOWLEDGEMENT, ELIDED, SUMMARY_NOTE, CLIENT_INSTRUCTIONS)
+                  CHUNK_INSTRUCTION, ACKNOWLEDGEMENT, ELIDED, SUMMARY_NOTE, CLIENT_INSTRUCTIONS, PAIR_SUMMARIES)
 
 # The package's directory (the shipped prompts sit beside it in a wheel).
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent

@@ -64,7 +64,7 @@ def test_the_summary_parse_benchmark_prints_a_time_per_shape_and_size() -> None:
         assert cells["last step"].endswith("x")
 
 
-@pytest.mark.parametrize("module", ["bench", "bench.fidelity", "bench.hostile", "bench.small_windows",
+@pytest.mark.parametrize("module", ["bench", "bench.agents", "bench.fidelity", "bench.hostile", "bench.small_windows",
                                     "bench.reuse_latency", "bench.soak"])
 def test_a_benchmark_starts_without_pytest(module: str) -> None:
     """The fakes and helpers a benchmark shares with the tests import no pytest: a machine with only the

@@ -228,7 +228,8 @@ async def test_a_client_asking_for_context_management_hears_of_each_compaction(
 
 async def test_without_the_entry_or_without_a_compaction_nothing_is_announced(
         model: ResponsesModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy(CONFIG)
+    # (tool results not cleared: the point is a whole-history summary that nobody asked to hear of)
+    proxy = await make_proxy({**CONFIG, "compaction": {"tool_results": {"clear": {"enabled": False}}}})
     status, headers, raw = await post(f"{proxy.url}/v1/responses", {"model": "m", "input": long_input(30)})
     assert status == 200 and headers["x-compaction"] == "proactive"
     assert [entry["type"] for entry in json.loads(raw)["output"]] == ["reasoning", "function_call", "function_call"]

@@ -9,6 +9,9 @@ from typing import Any
 # prefix layout's last user message asks for a summary of the messages above it.
 TRANSCRIPT_TAG = "<transcript>"
 PREFIX_REQUEST = "write a summary of the conversation above"
+# Words of prompts/pair_summaries.md: a batch of old tool rounds to summarise one by one (stage 2).
+PAIRS_REQUEST = "You summarise the results of old tool calls"
+ROUND_HEADING = "\n## Round "
 
 
 def layout_of(messages: Sequence[Any]) -> str | None:
@@ -20,11 +23,23 @@ def layout_of(messages: Sequence[Any]) -> str | None:
         return "transcript"
     if last.get("role") == "user" and PREFIX_REQUEST in str(last.get("content")):
         return "prefix"
+    if last.get("role") == "user" and PAIRS_REQUEST in str(last.get("content")):
+        return "pairs"
     return None
 
 
+def round_texts(messages: Sequence[Any]) -> list[str]:
+    """A pair-summaries request's rounds, each as its text (calls and results), in order."""
+    return str(messages[-1].get("content")).split(ROUND_HEADING)[1:] if layout_of(messages) == "pairs" else []
+
+
 def is_summarizer_request(messages: Sequence[Any]) -> bool:
-    return layout_of(messages) is not None
+    """A whole-history summary's request (either layout); a batch of tool-round summaries is not one."""
+    return layout_of(messages) in ("transcript", "prefix")
+
+
+def is_pairs_request(messages: Sequence[Any]) -> bool:
+    return layout_of(messages) == "pairs"
 
 
 def summarised_text(messages: Sequence[Any]) -> str:

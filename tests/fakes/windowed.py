@@ -14,9 +14,10 @@ from aiohttp import web
 
 from proxy.core.tokens import TokenCounter
 from tests.fakes.openai_upstream import FakeUpstream, chunk, sse
-from tests.fakes.summariser_requests import is_summarizer_request, summarised_text
+from tests.fakes.summariser_requests import is_pairs_request, is_summarizer_request, round_texts, summarised_text
 
 FACT = re.compile(r"FACT-\d+")
+RESULT_MARK = re.compile(r"RESULT-\d+-\d+")  # tests.fakes.agent's tool-result markers
 # The fake's tokenizer counts differently from the proxy's estimate, as real servers do.
 TOKENIZER_RATIO = 1.15
 OPENAI_OVERFLOW = {"error": {"message": "This model's maximum context length is {window} tokens. However, your "
@@ -40,6 +41,7 @@ class Received:
     body: dict[str, Any]
     prompt_tokens: int
     summarizer: bool
+    pairs: bool = False  # a batch of tool-round summaries (stage 2), counted apart from whole-history ones
 
 
 @dataclass
@@ -61,7 +63,11 @@ class WindowedModel:
 
     @property
     def chat_calls(self) -> list[Received]:
-        return [r for r in self.received if not r.summarizer]
+        return [r for r in self.received if not r.summarizer and not r.pairs]
+
+    @property
+    def pair_calls(self) -> list[Received]:
+        return [r for r in self.received if r.pairs]
 
     def prompt_tokens(self, body: dict[str, Any]) -> int:
         return math.ceil(self.counter.count_request(body) * TOKENIZER_RATIO)
@@ -69,15 +75,15 @@ class WindowedModel:
     async def __call__(self, request: web.Request, body: dict[str, Any],
                        state: FakeUpstream) -> web.StreamResponse:
         messages = body.get("messages") or []
-        summarizer = is_summarizer_request(messages)
+        summarizer, pairs = is_summarizer_request(messages), is_pairs_request(messages)
         prompt = self.prompt_tokens(body)
-        self.received.append(Received(time.monotonic(), body, prompt, summarizer))
+        self.received.append(Received(time.monotonic(), body, prompt, summarizer, pairs))
         if self.always_answer is not None and not summarizer:
             return self._overflow(self.always_answer, prompt, body)
         reserved = body.get("max_tokens") or body.get("max_completion_tokens") or 0
         if prompt + reserved > self.window:
             return self._overflow(self.overflow, prompt, body)
-        if summarizer:
+        if summarizer or pairs:
             if self.summarizer_down:
                 return web.json_response({"error": {"message": "summariser unavailable", "type": "server_error",
                                                     "param": None, "code": None}}, status=503)
@@ -122,7 +128,12 @@ def _reply_message(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _summary_reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """Summarises mechanically: every FACT marker of the transcript survives, in order."""
+    """Summarises mechanically: every FACT marker of the transcript survives, in order; a batch of tool rounds
+    gets one short summary each (its first words and every RESULT and FACT marker), as a JSON list."""
+    if rounds := round_texts(messages):
+        summaries = [f"round {text.split(chr(10), 1)[0].strip()}: " + " ".join(
+            dict.fromkeys(RESULT_MARK.findall(text) + FACT.findall(text))) for text in rounds]
+        return {"role": "assistant", "content": json.dumps(summaries)}
     transcript = summarised_text(messages)
     facts = list(dict.fromkeys(FACT.findall(transcript)))
     summary = {"user_intent": ["keep a running list of facts"], "user_messages": [", ".join(facts)],

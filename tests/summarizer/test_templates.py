@@ -41,6 +41,10 @@ RENDER_CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
     "merge_instruction.md": ({"part_count": 7}, ["7 partial summaries"]),
     "chunk_instruction.md": ({"part_index": 2, "part_count": 5}, ["part 2 of 5", "```json"]),
     "client_instructions.md": ({"instructions": "Keep every file path"}, ["Keep every file path", "```"]),
+    "pair_summaries.md": ({"part": "prompt", "limit": 200, "rounds": [
+        {"calls": [{"name": "shell", "arguments": '{"cmd": "ls src"}'}],
+         "results": [{"name": "shell", "text": "app.py\nutil.py"}]}]},
+        ["Round 1", "shell", "ls src", "app.py\nutil.py", "at most 200 tokens", "JSON list of exactly 1 strings"]),
 }
 
 

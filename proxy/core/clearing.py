@@ -1,0 +1,162 @@
+"""Stage 1 of tool-result management: old tool results replaced by a short placeholder in the request forwarded,
+deterministically, with no model call — the small file before the sledgehammer of a whole-history summary.
+
+The cut (how many of the oldest results are cleared) depends on the conversation alone: the conversation is read
+from its start as the turns that built it were, and whenever what has been read passes `room` tokens, every result
+but the last `keep` is cleared at once. So the cut stays where it is until the prompt passes the trigger again —
+between two moves every request starts with the same bytes (an upstream's prompt cache keeps hitting) — and every
+replica computes the same cut. The most recent `keep` results, results of excluded tools, and
+anything compaction made are never touched; each call keeps its id and its own (short) result, so every dialect's
+pairing rules still hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from proxy.core.messages import Message, content_text, role
+
+Count = Callable[[Message], int]
+# Arguments shorter than this are quoted in the placeholder; longer ones by their start and a digest.
+_QUOTED_ARGUMENTS = 80
+
+
+@dataclass(frozen=True)
+class ClearingRule:
+    """What stage 1 may clear: all but the last `keep` results, a move of the cut only if it frees at least
+    `clear_at_least` tokens; `clear_inputs` replaces the calls' arguments too."""
+
+    keep: int = 8
+    clear_at_least: int = 2048
+    exclude_tools: frozenset[str] = frozenset()
+    clear_inputs: bool = False
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """The messages to forward, the results cleared and the tokens that freed (0 and the same list: nothing)."""
+
+    messages: list[Message]
+    results: int = 0
+    freed: int = 0
+
+
+@dataclass(frozen=True)
+class _Result:
+    index: int  # of the tool message
+    call: int  # index of the assistant message that made the call
+    call_id: str
+    name: str
+    arguments: str
+
+
+def cleared(messages: Sequence[Message], rule: ClearingRule, count: Count, *, room: int,
+            untouchable: Collection[int] = ()) -> Cleared:
+    """`messages` with the results before the cut replaced; `room` is what the messages may take (in `count`'s
+    tokens) before a clearing is due; `untouchable` indexes (what compaction made) are kept."""
+    results = [result for result in _results(messages)
+               if result.name not in rule.exclude_tools and result.index not in untouchable]
+    sizes = [count(message) for message in messages]
+    replaced = [{**messages[result.index], "content": placeholder(result, sizes[result.index])} for result in results]
+    saving = [sizes[result.index] - count(made) for result, made in zip(results, replaced, strict=True)]
+    cut = _cut(results, sizes, saving, rule, room)
+    if cut == 0:
+        return Cleared(list(messages))
+    sent = list(messages)
+    for result, made in zip(results[:cut], replaced, strict=False):
+        sent[result.index] = made
+    freed = sum(saving[:cut])
+    if rule.clear_inputs:
+        freed += _clear_inputs(sent, results[:cut], count)
+    return Cleared(sent, cut, freed)
+
+
+def _cut(results: list[_Result], sizes: list[int], saving: list[int], rule: ClearingRule, room: int) -> int:
+    """How many of `results` are cleared: the conversation replayed message by message; whenever the total passes
+    `room`, the cut moves to all but the last results kept (`keep`, at most half the room of them, the latest
+    round's always), if that frees `clear_at_least` and half the room — so a clearing is a large step, and the
+    conversation has half the room or more to grow back into before the next one."""
+    saved = [0, *itertools.accumulate(saving)]  # saved[k]: what clearing the first k results frees
+    least = max(rule.clear_at_least, room // 2, 1)
+    cut = seen = total = 0
+    for index, size in enumerate(sizes):
+        total += size
+        while seen < len(results) and results[seen].index <= index:
+            seen += 1
+        if total <= room or seen == 0:
+            continue
+        target = max(seen - _kept(results[:seen], sizes, rule.keep, room // 2), cut)
+        if saved[target] - saved[cut] >= least:
+            total -= saved[target] - saved[cut]
+            cut = target
+    return cut
+
+
+def _kept(results: list[_Result], sizes: list[int], keep: int, room: int) -> int:
+    """How many of the latest `results` stay whole: up to `keep` within `room` tokens, the latest round's always."""
+    kept = tokens = 0
+    latest = results[-1].call
+    for result in reversed(results):
+        tokens += sizes[result.index]
+        if result.call != latest and (kept >= keep or tokens > room):
+            break
+        kept += 1
+    return kept
+
+
+def placeholder(result: _Result, tokens: int) -> str:
+    """What stands in for a cleared result: the tool, its arguments (or their start and a digest), the size."""
+    arguments = result.arguments if len(result.arguments) <= _QUOTED_ARGUMENTS else \
+        f"{result.arguments[:_QUOTED_ARGUMENTS // 2]}… sha256:{_digest(result.arguments)}"
+    return (f"[tool result cleared to save context: {result.name}({arguments}) returned {tokens} tokens; "
+            "call the tool again if it is needed]")
+
+
+def _results(messages: Sequence[Message]) -> list[_Result]:
+    """Each tool result that answers a call of the assistant message before its run of results, in order."""
+    found: list[_Result] = []
+    calls: dict[str, tuple[int, str, str]] = {}
+    for index, message in enumerate(messages):
+        speaker = role(message)
+        if speaker == "assistant":
+            calls = {call["id"]: (index, *_name_and_arguments(call)) for call in message.get("tool_calls") or ()
+                     if isinstance(call, dict) and isinstance(call.get("id"), str)}
+        elif speaker == "tool" and (answered := calls.pop(str(message.get("tool_call_id")), None)) is not None:
+            if content_text(message.get("content")):  # an empty result has nothing to clear
+                found.append(_Result(index, answered[0], str(message["tool_call_id"]), answered[1], answered[2]))
+        elif speaker != "tool":
+            calls = {}
+    return found
+
+
+def _name_and_arguments(call: dict[str, object]) -> tuple[str, str]:
+    function = call.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False, default=str)
+    return (name if isinstance(name, str) else "tool"), text
+
+
+def _clear_inputs(sent: list[Message], results: list[_Result], count: Count) -> int:
+    """The cleared results' calls with their arguments replaced by `{}`; the tokens that freed."""
+    freed = 0
+    by_call: dict[int, set[str]] = {}
+    for result in results:
+        by_call.setdefault(result.call, set()).add(result.call_id)
+    for index, ids in by_call.items():
+        message = sent[index]
+        before = count(message)
+        calls = [{**call, "function": {**call["function"], "arguments": "{}"}}
+                 if isinstance(call, dict) and call.get("id") in ids and isinstance(call.get("function"), dict)
+                 else call for call in message["tool_calls"]]
+        sent[index] = {**message, "tool_calls": calls}
+        freed += before - count(sent[index])
+    return freed
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
