@@ -24,6 +24,9 @@ from tests.fakes.windowed import WindowedModel
 # Far above any stall that small work causes on a busy 2-core machine, far below the seconds a history of this size
 # costs when counted on the event loop.
 STALL_LIMIT = 0.5
+# A stall the proxy causes comes back every time; one the machine's scheduler causes (two test suites on two cores)
+# does not: a measurement past the limit is taken once more, and the test fails when every one is past it.
+ATTEMPTS = 2
 PROBE_TIMEOUT = 10.0
 
 
@@ -126,12 +129,16 @@ async def forced_compaction_while_probing(upstream: str, window: int,
 
 async def test_a_huge_history_does_not_stall_other_requests(upstream_in_a_thread: tuple[str, WindowedModel]) -> None:
     url, model = upstream_in_a_thread
-    # ~3 MB, ~1M tokens
-    status, outcome, latencies = await forced_compaction_while_probing(url, 2_000_000, huge_history(300))
-    assert (status, outcome) == (200, "proactive")
-    assert model.summarizer_calls, "the history was not summarised"
-    assert len(latencies) > 10
-    assert max(latencies) < STALL_LIMIT, f"/healthz waited {max(latencies):.2f}s behind the compaction"
+    longest = []
+    for _ in range(ATTEMPTS):  # ~3 MB, ~1M tokens
+        status, outcome, latencies = await forced_compaction_while_probing(url, 2_000_000, huge_history(300))
+        assert (status, outcome) == (200, "proactive")
+        assert model.summarizer_calls, "the history was not summarised"
+        assert len(latencies) > 10
+        longest.append(max(latencies))
+        if longest[-1] < STALL_LIMIT:
+            break
+    assert min(longest) < STALL_LIMIT, f"/healthz waited {longest}s behind the compaction"
 
 
 def short_history(turns: int) -> list[dict[str, str]]:
@@ -156,10 +163,15 @@ async def test_no_summariser_reply_stalls_other_requests(kind: str, size: int) -
     summariser = HostileSummariser(WindowedModel(window=10_000_000), filling(kind, sized))
     if size:
         filled_body(kind, size)  # made before measuring: the fake shares the proxy's interpreter
-    with served_in_a_thread(summariser) as url:
-        status, outcome, latencies = await forced_compaction_while_probing(url, 32_000, short_history(30))
-    assert status == 200, "a summary or not, the request is answered"
-    assert summariser.model.summarizer_calls, "no summary was asked for"
-    assert outcome in ("proactive", "failed")
-    assert len(latencies) > 3
-    assert max(latencies) < STALL_LIMIT, f"/healthz waited {max(latencies):.2f}s behind a {kind} reply ({outcome})"
+    longest = []
+    for _ in range(ATTEMPTS):
+        with served_in_a_thread(summariser) as url:
+            status, outcome, latencies = await forced_compaction_while_probing(url, 32_000, short_history(30))
+        assert status == 200, "a summary or not, the request is answered"
+        assert summariser.model.summarizer_calls, "no summary was asked for"
+        assert outcome in ("proactive", "failed")
+        assert len(latencies) > 3
+        longest.append(max(latencies))
+        if longest[-1] < STALL_LIMIT:
+            break
+    assert min(longest) < STALL_LIMIT, f"/healthz waited {longest}s behind a {kind} reply ({outcome})"
