@@ -20,8 +20,8 @@ from proxy.core.messages import Message, content_text, role
 from proxy.core.usage import Usage
 from proxy.core.view import View
 from proxy.dialects.messages_blocks import alternate, render
-from proxy.upstream.answer import StreamTap
-from proxy.upstream.streaming import PREAMBLE_TYPES, SseDecoder, SseEvent, sse_event
+from proxy.upstream.answer import RewritingTap, StreamTap
+from proxy.upstream.streaming import PREAMBLE_TYPES, SseEvent, sse_event
 
 Block = dict[str, Any]
 
@@ -100,34 +100,16 @@ def message_events(message: dict[str, Any], applied: list[dict[str, Any]] | None
     return b"".join(sse_event(event) for event in events)
 
 
-class AnnouncingTap:
+class AnnouncingTap(RewritingTap):
     """A Messages stream with the compaction block added as content block 0 right after `message_start` (every
     later block's `index` moved on by one) and the applied edits in `message_delta`. A stream that errs before any
     content announces nothing (the client keeps its whole history); its bytes pass unchanged."""
 
     def __init__(self, inner: StreamTap, block: Block | None, applied: list[dict[str, Any]] | None) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._block = block
         self._applied = applied
-        self._decoder = SseDecoder()
         self._state = "preamble"  # then "announced" or "declined"
-
-    @property
-    def usage(self) -> Usage | None:
-        return self._inner.usage
-
-    @property
-    def finish_reasons(self) -> list[str]:
-        return self._inner.finish_reasons
-
-    def feed(self, chunk: bytes) -> bytes:
-        return self._rewrite(self._decoder.feed(self._inner.feed(chunk)))
-
-    def finish(self) -> bytes:
-        return self._rewrite([*self._decoder.feed(self._inner.finish()), *self._decoder.flush()])
-
-    def _rewrite(self, events: list[SseEvent]) -> bytes:
-        return b"".join(self._event(event) for event in events)
 
     def _event(self, event: SseEvent) -> bytes:
         payload = event.json()

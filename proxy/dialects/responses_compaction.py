@@ -14,8 +14,8 @@ from proxy.core.usage import Usage
 from proxy.core.view import View
 from proxy.dialects.responses_items import as_input_items, render
 from proxy.dialects.responses_request import ResponsesCall
-from proxy.upstream.answer import StreamTap
-from proxy.upstream.streaming import PREAMBLE_TYPES, SseDecoder, SseEvent, sse_event
+from proxy.upstream.answer import RewritingTap, StreamTap
+from proxy.upstream.streaming import PREAMBLE_TYPES, SseEvent, sse_event
 
 Item = dict[str, Any]
 # Items a client may keep beside a compaction item (Codex keeps its user messages and resends its instructions):
@@ -109,34 +109,16 @@ def announced_body(body: bytes, item: Item) -> bytes:
     return json.dumps({**response, "output": [item, *response["output"]]}, ensure_ascii=False).encode()
 
 
-class AnnouncingTap:
+class AnnouncingTap(RewritingTap):
     """A response stream with the compaction item added as its first output item: announced right after the
     preamble (`response.created`, `response.in_progress`), every later `output_index` and `sequence_number` moved
     on to make room, the item first in the closing response's output. A stream that fails or errs before any
     output announces nothing (the client keeps its whole history); its bytes pass unchanged."""
 
     def __init__(self, inner: StreamTap, item: Item) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._item = item
-        self._decoder = SseDecoder()
         self._state = "preamble"  # then "announced" or "declined"
-
-    @property
-    def usage(self) -> Usage | None:
-        return self._inner.usage
-
-    @property
-    def finish_reasons(self) -> list[str]:
-        return self._inner.finish_reasons
-
-    def feed(self, chunk: bytes) -> bytes:
-        return self._rewrite(self._decoder.feed(self._inner.feed(chunk)))
-
-    def finish(self) -> bytes:
-        return self._rewrite([*self._decoder.feed(self._inner.finish()), *self._decoder.flush()])
-
-    def _rewrite(self, events: list[SseEvent]) -> bytes:
-        return b"".join(self._event(event) for event in events)
 
     def _event(self, event: SseEvent) -> bytes:
         payload = event.json()

@@ -16,6 +16,7 @@ from multidict import CIMultiDict
 
 from proxy.core.usage import Usage
 from proxy.upstream.attempt import Attempt
+from proxy.upstream.streaming import SseDecoder, SseEvent
 from proxy.upstream.upstream import Upstream, response_headers, was_decoded
 
 log = logging.getLogger("proxy.answer")
@@ -36,6 +37,35 @@ class StreamTap(Protocol):
     def feed(self, chunk: bytes) -> bytes: ...
 
     def finish(self) -> bytes: ...
+
+
+class RewritingTap:
+    """A tap over another that rewrites the events it lets through, one whole event at a time (`_event`); the
+    usage and stop reasons are the inner tap's, read from the bytes as they came."""
+
+    def __init__(self, inner: StreamTap) -> None:
+        self._inner = inner
+        self._decoder = SseDecoder()
+
+    @property
+    def usage(self) -> Usage | None:
+        return self._inner.usage
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        return self._inner.finish_reasons
+
+    def feed(self, chunk: bytes) -> bytes:
+        return self._rewrite(self._decoder.feed(self._inner.feed(chunk)))
+
+    def finish(self) -> bytes:
+        return self._rewrite([*self._decoder.feed(self._inner.finish()), *self._decoder.flush()])
+
+    def _rewrite(self, events: list[SseEvent]) -> bytes:
+        return b"".join(self._event(event) for event in events)
+
+    def _event(self, event: SseEvent) -> bytes:
+        return event.raw
 
 
 @dataclass
