@@ -33,7 +33,7 @@ from bench.fidelity_arms import (
 from bench.fidelity_drive import NEW_SUMMARY, PROBE_MAX_TOKENS, ask, drive, planted_by
 from bench.fidelity_facts import SHAPES, Conversation, Fact, generate, grade, probe_message
 from bench.fidelity_filler import Message
-from bench.fidelity_report import ARMS, aggregate, recall_table, summary_lines
+from bench.fidelity_report import ARMS, DEFAULT_ARMS, aggregate, recall_table, summary_lines
 from proxy.app import start_server
 from proxy.config import ConfigError, settings_from_mapping
 from proxy.core.tokens import TokenCounter
@@ -51,6 +51,7 @@ from tests.ports import free_port
 MODELS = {"qwen-1.5b": "qwen-1.5b", "qwen-0.5b": "qwen-0.5b", "smollm2": "smollm2-135m"}
 LOG_DIR = REPO_ROOT / ".cache" / "logs"
 CLIENT_TIMEOUT = 3600.0  # seconds: a summary on a busy 2-core machine can take minutes
+STAGES = {"compaction": {"tool_results": {"clear": {"enabled": True}, "summarize_pairs": {"enabled": True}}}}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -64,7 +65,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shape", choices=SHAPES, default="spread",
                         help="where the facts are planted: over the whole conversation, or all before the first "
                              "compaction (an instruction, then only tool rounds)")
-    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ",".join(ARMS))
+    parser.add_argument("--result-tokens", type=int, default=0, metavar="N",
+                        help="grow every tool result to about N tokens with log lines (0: as generated, ~50-150)")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                        help="comma-separated subset of " + ",".join(ARMS) + " (stages: the proxy with the "
+                             "tool-result stages on, over the same conversation, probed where the proxy arm was)")
+    parser.add_argument("--stages-config", type=json.loads, default=STAGES, metavar="JSON",
+                        help="the stages arm's config, merged over the proxy arm's (default: clearing and pair "
+                             "summaries on)")
     parser.add_argument("--layout", choices=("auto", "prefix", "transcript"),
                         help="compaction.summarizer.layout (only sent when given)")
     parser.add_argument("--n-ctx", type=int, default=8192, help="bundled server's context (the full arm needs it)")
@@ -138,13 +146,15 @@ class Replicate:
     def __init__(self, options: argparse.Namespace, model: str, seed: int, recorder: TimedRecorder,
                  earlier: EarlierControls | None = None) -> None:
         self.options, self.model, self.seed, self.recorder, self.earlier = options, model, seed, recorder, earlier
-        self.conversation: Conversation = generate(seed, options.window, options.cycles, shape=options.shape)
+        self.conversation: Conversation = generate(seed, options.window, options.cycles, shape=options.shape,
+                                                           result_tokens=options.result_tokens)
         self.counter = TokenCounter()
         self.naive = NaiveSummary()
         self.turns: list[dict[str, Any]] = []
         self.summaries: list[dict[str, Any]] = []
         self.probes: list[dict[str, Any]] = []
         self.failures: list[dict[str, Any]] = []
+        self.stage_turns: list[dict[str, Any]] = []
         self._start, self._sent = 0, 0
 
     def _on_turn(self, point: int) -> None:
@@ -164,6 +174,32 @@ class Replicate:
                 await self._probe_all(cycle, self.conversation.messages[:turn.point + 1], via_proxy, direct)
         if cycle < self.options.cycles:
             print(f"  warning: only {cycle} of {self.options.cycles} compactions happened", flush=True)
+
+    async def run_stages(self, via_stages: openai.AsyncOpenAI) -> None:
+        """The stages arm: the same conversation through a proxy with the tool-result stages on, probed on the same
+        facts at the points where the proxy arm made its summaries (whatever this proxy did there)."""
+        points = {summary["point"]: summary["cycle"] for summary in self.summaries}
+        if not points:
+            return
+        print("  stages arm", flush=True)
+        async for turn in drive(via_stages, self.model, self.conversation, 10**6):
+            self.stage_turns.append({"point": turn.point, "compaction": turn.compaction, "reason": turn.reason,
+                                     "cleared": turn.cleared, "pair_summaries": turn.pair_summaries,
+                                     "seconds": round(turn.seconds, 2)})
+            if (cycle := points.get(turn.point)) is not None:
+                print(f"  turn at message {turn.point}: {turn.compaction} (proxy arm's summary {cycle})", flush=True)
+                history = self.conversation.messages[:turn.point + 1]
+                facts = planted_by(self.conversation, turn.point)
+                started = time.monotonic()
+                for fact in facts:
+                    answer = await ask(via_stages, self.model, [*history, probe_message(fact)], PROBE_MAX_TOKENS)
+                    self.probes.append(probe_record(fact, "stages", answer, grade(answer.content, fact), cycle=cycle,
+                                                    replicate=self.seed, prompt_messages=len(history) + 1,
+                                                    point=turn.point, truncated=False))
+                correct = sum(p["correct"] for p in self.probes[-len(facts):])
+                print(f"    stages: {correct}/{len(facts)} ({time.monotonic() - started:.0f}s)", flush=True)
+            if turn.point >= max(points):
+                return
 
     def _record_summary(self, cycle: int, point: int) -> None:
         exchanges = self.recorder.exchanges[self._start:]
@@ -193,6 +229,8 @@ class Replicate:
         tail = tail_of(history, budget, self.counter)
         points = {summary["cycle"]: summary["point"] for summary in self.summaries}
         for arm in self.options.arms:
+            if arm == "stages":  # its own pass, after this one
+                continue
             started = time.monotonic()
             if arm != "proxy" and self.earlier and (reused := self.earlier.reusable(
                     self.seed, cycle, arm, len(history) - 1, points)):
@@ -222,7 +260,8 @@ class Replicate:
         return {"seed": self.seed, "seconds": round(seconds, 1), "conversation_tokens": self.conversation.tokens,
                 "messages": len(self.conversation.messages), "facts": [vars(f) for f in self.conversation.facts],
                 "turns": self.turns, "summaries": self.summaries, "failed_summaries": self.failures,
-                "probes": self.probes, "naive": {"text": self.naive.text, "calls": self.naive.calls}}
+                "probes": self.probes, "naive": {"text": self.naive.text, "calls": self.naive.calls},
+                "stage_turns": self.stage_turns}
 
 
 async def run_replicate(options: argparse.Namespace, upstream: str, model: str, log_path: Path | None,
@@ -237,6 +276,13 @@ async def run_replicate(options: argparse.Namespace, upstream: str, model: str, 
             await replicate.run(client(f"{proxy.url}/v1"), client(relay))
         finally:
             await proxy.stop()
+        if "stages" in options.arms:
+            config = deep_merge(proxy_config(relay, options), options.stages_config)
+            staged = await start_server(settings_from_mapping(config, env={}), host="127.0.0.1", port=0)
+            try:
+                await replicate.run_stages(client(f"{staged.url}/v1"))
+            finally:
+                await staged.stop()
     return replicate.to_json(time.monotonic() - started)
 
 
@@ -247,6 +293,8 @@ def header(options: argparse.Namespace, model: str) -> dict[str, Any]:
             "model": model, "upstream": options.upstream or "bundled llama-cpp-python server",
             "window": options.window, "shape": options.shape, "layout": options.layout or "(proxy default)",
             "proxy_config": options.proxy_config, "cycles": options.cycles,
+            "stages_config": options.stages_config if "stages" in options.arms else None,
+            "result_tokens": options.result_tokens,
             "replicates": options.replicates, "arms": options.arms, "seeds": [options.seed + r for r in
                                                                                range(options.replicates)],
             "controls_from": str(options.controls_from) if options.controls_from else None}
@@ -255,7 +303,8 @@ def header(options: argparse.Namespace, model: str) -> dict[str, Any]:
 def report(head: dict[str, Any], replicates: list[dict[str, Any]]) -> list[str]:
     lines = [f"# Fidelity benchmark {head['date']}", f"machine: {head['machine']}",
              f"model: {head['model']} ({head['upstream']}); window {head['window']}; "
-             f"facts planted {run_shape(head)}; layout {head['layout']}; "
+             f"facts planted {run_shape(head)}; tool results grown to {head.get('result_tokens') or 0} tokens; "
+             f"layout {head['layout']}; "
              f"{head['replicates']} replicate(s), seeds {head['seeds']}; cycles {head['cycles']}; "
              f"proxy config overrides {json.dumps(head['proxy_config'])}"]
     probes = [p for r in replicates for p in r["probes"]]
@@ -268,6 +317,13 @@ def report(head: dict[str, Any], replicates: list[dict[str, Any]]) -> list[str]:
               f"failed summaries (x-compaction: failed with summariser calls): "
               f"{sum(len(r['failed_summaries']) for r in replicates)}",
               "seconds per replicate: " + ", ".join(f"{r['seconds']:.0f}" for r in replicates)]
+    if staged := [turn for r in replicates for turn in r.get("stage_turns", [])]:
+        compactions = [turn["compaction"] for turn in staged]
+        lines.append(f"stages arm, {len(staged)} driving turns: whole-history summaries "
+                     f"{sum(c in NEW_SUMMARY for c in compactions)} (proxy arm: "
+                     f"{sum(t['compaction'] in NEW_SUMMARY for r in replicates for t in r['turns'])}), turns with "
+                     f"tool results cleared {sum(turn['cleared'] > 0 for turn in staged)}, with pair summaries "
+                     f"{sum(turn['pair_summaries'] > 0 for turn in staged)}")
     if head.get("controls_from"):
         controls = [p for p in probes if p["arm"] != "proxy"]
         lines.append(f"control-arm probes reused from {head['controls_from']} (same seed and point): "
@@ -279,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
     try:  # before a model server starts: a proxy without compaction.summarizer.layout refuses --layout
         settings_from_mapping(proxy_config("http://127.0.0.1:9/v1", options), env={})
+        settings_from_mapping(deep_merge(proxy_config("http://127.0.0.1:9/v1", options), options.stages_config), env={})
     except ConfigError as error:
         print(f"error: the proxy refuses the benchmark's config: {error}", file=sys.stderr)
         return 2

@@ -25,6 +25,8 @@ class Turn:
     compaction: str     # the x-compaction header ("direct" when there is no proxy)
     reason: str | None  # x-compaction-reason
     seconds: float
+    cleared: int = 0  # x-compaction-cleared: tool results the proxy replaced by a placeholder
+    pair_summaries: int = 0  # x-compaction-pair-summaries: tool rounds it sent as their summaries
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,11 @@ async def drive(client: openai.AsyncOpenAI, model: str, conversation: Conversati
                 model=model, messages=conversation.messages[:point + 1],  # type: ignore[arg-type]
                 max_tokens=DRIVE_MAX_TOKENS, temperature=0, seed=SEED)
             compaction, reason = raw.headers.get("x-compaction", "direct"), raw.headers.get("x-compaction-reason")
+            stages = (int(raw.headers.get("x-compaction-cleared", 0)),
+                      int(raw.headers.get("x-compaction-pair-summaries", 0)))
         except openai.APIStatusError as error:  # recorded; the next turn may well succeed
-            compaction, reason = f"error-{error.status_code}", error.message[:200]
-        turn = Turn(point, compaction, reason, time.monotonic() - started)
+            compaction, reason, stages = f"error-{error.status_code}", error.message[:200], (0, 0)
+        turn = Turn(point, compaction, reason, time.monotonic() - started, *stages)
         yield turn
         made += turn.compaction in NEW_SUMMARY
         if made >= cycles:

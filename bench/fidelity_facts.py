@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench.fidelity_filler import PACKAGES, WORDS, Message, filler_round, hex_id, tool_call, tool_result
+from bench.fidelity_filler import PACKAGES, WORDS, Message, filler_round, hex_id, padded, tool_call, tool_result
 from proxy.core.tokens import TokenCounter
 
 KINDS = ("path", "identifier", "number", "error", "command", "constraint", "decision", "overridden")
@@ -173,14 +173,21 @@ def target_tokens(window: int, cycles: int) -> int:
 
 
 def generate(seed: int, window: int = 1536, cycles: int = 3, counter: TokenCounter | None = None,
-             shape: str = "spread") -> Conversation:
+             shape: str = "spread", result_tokens: int = 0) -> Conversation:
     """A deterministic agent conversation for `seed`, long enough for `cycles` compactions at `window`, its facts
-    planted over the whole conversation (`spread`) or all before the first compaction (`front`)."""
+    planted over the whole conversation (`spread`) or all before the first compaction (`front`); with
+    `result_tokens`, every tool result grown to about that many tokens by log lines after what it says."""
     if shape not in SHAPES:
         raise ValueError(f"unknown conversation shape {shape!r}: one of {', '.join(SHAPES)}")
     rng = random.Random(seed)
     values = _Values(rng).draw()
-    count = (counter or TokenCounter()).count_messages
+    counter = counter or TokenCounter()
+    count = counter.count_messages
+    noise = random.Random(f"{seed}:noise")  # apart from `rng`: the same seed plants the same values, grown or not
+
+    def grown(messages: list[Message]) -> list[Message]:
+        return padded(messages, noise, result_tokens, counter.count_text)
+
     instruction = (f"Fix the failing reconciliation tests in the {values.package} service. Never touch "
                    f"{values.constraint}/: it is a pinned upstream copy.")
     messages: list[Message] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": instruction}]
@@ -191,12 +198,12 @@ def generate(seed: int, window: int = 1536, cycles: int = 3, counter: TokenCount
     calls = iter(range(1, 10_000))
     for key, share in PLACEMENT:
         while count(messages) < share * scale:
-            messages += filler_round(rng, f"call_{next(calls)}")
+            messages += grown(filler_round(rng, f"call_{next(calls)}"))
         planted, offset, fact = PLANTERS[key](values, f"call_{next(calls)}")
         facts.append(_at(fact, len(messages) + offset))
-        messages += planted
+        messages += grown(planted)
     while count(messages) < total:
-        messages += filler_round(rng, f"call_{next(calls)}")
+        messages += grown(filler_round(rng, f"call_{next(calls)}"))
     probed = [fact for fact in facts if fact.question]
     return Conversation(seed, messages, probed, count(messages))
 

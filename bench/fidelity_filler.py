@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 Message = dict[str, Any]
@@ -81,3 +82,24 @@ def filler_round(rng: random.Random, call_id: str) -> list[Message]:
                 tool_result(call_id, _grep_output(rng, package))]
     return [tool_call(call_id, "run_command", {"command": "git status"}, "Checking what has changed so far."),
             tool_result(call_id, _git_status(rng, package))]
+
+
+def padded(messages: list[Message], rng: random.Random, tokens: int, count: Callable[[str], int]) -> list[Message]:
+    """`messages` with each tool result grown to about `tokens` tokens by build-log lines after what it says (a
+    coding agent's tool output is mostly such noise around the line that matters); 0 leaves them as they are. The
+    lines carry no number above 1999, so none can pass for a planted value. A settings file (every line KEY=VALUE)
+    is left as it is: reading one prints nothing else."""
+    if tokens <= 0:
+        return messages
+    grown = []
+    for message in messages:
+        settings = all("=" in line for line in str(message.get("content")).splitlines() if line.strip())
+        if message.get("role") == "tool" and not settings and (have := count(str(message["content"]))) < tokens:
+            lines = [str(message["content"]), "--- build log ---"]
+            while have < tokens:
+                lines.append(f"[{rng.randint(0, 999):03d}] {rng.choice(VERBS)} {rng.choice(WORDS)}/"
+                             f"{rng.choice(MODULES)}.py:{rng.randint(1, 1999)} ok ({rng.randint(1, 999)} ms)")
+                have = count("\n".join(lines))
+            message = {**message, "content": "\n".join(lines)}
+        grown.append(message)
+    return grown

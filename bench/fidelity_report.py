@@ -9,7 +9,10 @@ from typing import Any
 
 from bench.fidelity_facts import KINDS
 
-ARMS = ("proxy", "full", "tail", "naive")
+# "stages": the proxy with the tool-result stages on (clearing and pair summaries), driven over the same
+# conversation after the proxy arm and probed at the proxy arm's points; not run unless asked for.
+ARMS = ("proxy", "stages", "full", "tail", "naive")
+DEFAULT_ARMS = ("proxy", "full", "tail", "naive")
 Stat = dict[str, float]
 
 

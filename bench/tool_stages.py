@@ -307,7 +307,8 @@ def labelled(figures: dict[tuple[str, tuple[tuple[str, str], ...]], float], name
     return figures.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-async def run_arm(label: str, plan: Plan, window: int, *, seconds: float = ARM_SECONDS) -> Arm:
+async def run_arm(label: str, plan: Plan, window: int, *, seconds: float = ARM_SECONDS,
+                  clear_settings: dict[str, Any] | None = None) -> Arm:
     clear, pairs = ARMS[label]
     model = PlannedModel(window=window, plan=plan)
     fake = FakeUpstream()
@@ -315,7 +316,8 @@ async def run_arm(label: str, plan: Plan, window: int, *, seconds: float = ARM_S
     runner, url = await serve_app(FakeUpstreamApp(fake).build())
     settings = settings_from_mapping({
         "upstream": {"base_url": f"{url}/v1"}, "models": {"default": {"context_window": window}},
-        "compaction": {"tool_results": {"clear": {"enabled": clear}, "summarize_pairs": {"enabled": pairs}}}},
+        "compaction": {"tool_results": {"clear": {**(clear_settings or {}), "enabled": clear},
+                                         "summarize_pairs": {"enabled": pairs}}}},
         env={})
     events = Events()
     logger = logging.getLogger("proxy")

@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,12 +156,16 @@ class PairSummaries:
         other._policy = policy
         return other
 
-    async def applied(self, messages: list[Message], namespace: str) -> Swapped:
+    async def applied(self, messages: list[Message], namespace: str, *,
+                      within: Collection[int] | None = None) -> Swapped:
         """`messages` (the client's own, as read) with each old round whose stored summary was made of exactly
-        these calls and results swapped for it; rounds that changed are left whole and counted as mismatches."""
+        these calls and results swapped for it; rounds that changed are left whole and counted as mismatches.
+        With `within`, only rounds whose results all stand at those positions (the ones clearing replaces)."""
         if not self._policy.enabled:
             return Swapped(messages)
         rounds = self._candidates(messages)
+        if within is not None:
+            rounds = [tool_round for tool_round in rounds if set(tool_round.result_indices) <= set(within)]
         known = await self._lookup(namespace, rounds) if rounds else {}
         swaps: list[Swap] = []
         freed = mismatches = 0
@@ -184,11 +188,13 @@ class PairSummaries:
         return Swapped(with_round_summaries(messages, swaps), len(swaps), freed, mismatches, indices)
 
     def start(self, messages: list[Message], namespace: str, *, window: int, model: str,
-              headers: Mapping[str, str]) -> asyncio.Task[Any] | None:
+              headers: Mapping[str, str], passed: Collection[str] = ()) -> asyncio.Task[Any] | None:
         """After a response, given the client's messages (forwarded ones are recognised, not summarised again):
         when the old rounds not yet summarised hold more than the cutoff's share of `window`, a background task
         summarising the oldest of them in one summariser call; the running one when this conversation has one
-        already; None when nothing is due. The task never raises: it answers the rounds it stored."""
+        already; None when nothing is due. Rounds with a call id in `passed` (cleared without a summary: one
+        arriving now would rewrite a prefix already sent) are left. The task never raises: it answers the rounds
+        it stored."""
         if not self._policy.enabled or window <= 0:
             return None
         rounds = tool_rounds(messages, self._counter.count_message)
@@ -198,7 +204,8 @@ class PairSummaries:
         if (running := self._flights.running(flight)) is not None:
             return running
         due = [tool_round for tool_round in self._candidates(messages, rounds)
-               if not self._settled(self._recall(namespace, tool_round.key), messages, tool_round)]
+               if not self._settled(self._recall(namespace, tool_round.key), messages, tool_round)
+               and not set(tool_round.call_ids) & set(passed)]
         if not self._due(due, window):
             return None
         decision = self._backoff.decide(flight)

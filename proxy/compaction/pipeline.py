@@ -350,7 +350,7 @@ class Pipeline(Generic[C]):
             headers[TOKENS_AFTER] = str(self._estimate(journey))
         if journey.elided:
             headers[ELIDED] = str(journey.elided)
-        if journey.cleared:  # (told once per answer, so counted here)
+        if journey.cleared and journey.cleared.results:  # (told once per answer, so counted here)
             headers[CLEARED], headers[CLEARED_TOKENS] = str(journey.cleared.results), str(journey.cleared.freed)
             self._metrics.tool_result_tokens_freed.labels("cleared").inc(journey.cleared.freed)
         if journey.swapped:

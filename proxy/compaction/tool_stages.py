@@ -4,17 +4,19 @@ comes only when these leave the request past the threshold."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from proxy.compaction.journey import Journey
-from proxy.compaction.pair_summaries import PairSummaries, PairSummaryPolicy
+from proxy.compaction.pair_summaries import PairSummaries, PairSummaryPolicy, Swapped
 from proxy.config import ClearConfig, Settings
 from proxy.core import budget, clearing
 from proxy.core.calibration import Calibration
 from proxy.core.clearing import Cleared, ClearingRule
 from proxy.core.messages import Message
 from proxy.core.tokens import TokenCounter
+from proxy.summarizer import evidence
 
 
 class ToolStages:
@@ -28,15 +30,26 @@ class ToolStages:
         self._pairs = pairs
 
     async def shape(self, journey: Journey[Any]) -> None:
-        """`journey.swapped` and `journey.cleared` for the conversation as it stands (after a summary too)."""
+        """`journey.swapped` and `journey.cleared` for the conversation as it stands (after a summary too). With
+        clearing on, a round's stored summary stands in for the placeholder of a round the clearing replaces, and
+        nothing else changes: what is forwarded moves only when the cut moves. With clearing off, each round whose
+        summary matches is swapped for it."""
         journey.swapped, journey.cleared, journey.elided = None, None, 0
         conversation = journey.conversation
-        if self._pairs is not None:
-            swapped = await self._pairs_for(self._pairs, journey.call.model).applied(conversation.messages,
-                                                                                      conversation.namespace)
-            journey.swapped = swapped if swapped.applied else None
+        pairs = self._pairs_for(self._pairs, journey.call.model) if self._pairs is not None else None
+        if not self._settings.tool_results_for(journey.call.model).clear.enabled:
+            if pairs is not None:
+                swapped = await pairs.applied(conversation.messages, conversation.namespace)
+                journey.swapped = swapped if swapped.applied else None
+            return
         cleared = self._cleared(journey, grown=0)
-        journey.cleared = cleared if cleared is not None and cleared.results else None
+        if cleared is None or not cleared.results:
+            return
+        if pairs is not None:
+            swapped = await pairs.applied(conversation.messages, conversation.namespace, within=cleared.indices)
+            if swapped.applied:
+                journey.swapped, cleared = swapped, self._summarised(conversation.messages, cleared, swapped)
+        journey.cleared = cleared
 
     def base(self, journey: Journey[Any]) -> list[Message]:
         """What stage 3's elision starts from: the conversation with stages 2 and 1 applied."""
@@ -54,36 +67,64 @@ class ToolStages:
         return not budget.over_threshold(journey.limits, self._calibration.adjust(journey.call.model, raw) + growth)
 
     def after_answer(self, journey: Journey[Any], headers: Mapping[str, str]) -> None:
-        """Old tool rounds of the client's conversation summarised in the background when enough have gathered."""
+        """Old tool rounds of the client's conversation summarised in the background when enough have gathered;
+        with clearing on, not the rounds it replaced already without a summary."""
         call = journey.call
         if self._pairs is None:
             return
         model = self._settings.compaction.summarizer.model or call.model
         self._pairs_for(self._pairs, call.model).start(journey.view.messages, journey.conversation.namespace,
-                                                       window=journey.limits.window, model=model, headers=headers)
+                                                       window=journey.limits.window, model=model, headers=headers,
+                                                       passed=self._placeholders(journey))
 
     async def close(self) -> None:
         if self._pairs is not None:
             await self._pairs.close()
 
     def _cleared(self, journey: Journey[Any], *, grown: int) -> Cleared | None:
-        """Stage 1 on the conversation (stage 2 applied) as if it had grown by `grown` tokens of the upstream's;
-        None with clearing off. The room is converted to the counter's tokens, the unit the conversation is
-        replayed in."""
+        """Stage 1 on the conversation as if it had grown by `grown` tokens of the upstream's; None with clearing
+        off. The room is converted to the counter's tokens, the unit the conversation is replayed in."""
         config = self._settings.tool_results_for(journey.call.model).clear
         if not config.enabled:
             return None
-        conversation, swapped = journey.conversation, journey.swapped
-        room = budget.clearing_room(journey.limits, config.trigger) - grown
+        # A client that asks for compaction at its own threshold hears of each one and drops what it stands for:
+        # its threshold brings the summary, clearing stays at the proxy's own room.
+        room = budget.clearing_room(journey.limits, config.trigger,
+                                    before_compaction=journey.call.compact_threshold is None) - grown
         own_room = int(room / self._calibration.ratio(journey.call.model)) - journey.overhead
-        messages = swapped.messages if swapped is not None else conversation.messages
-        untouchable = conversation.synthetic | (swapped.indices if swapped is not None else frozenset())
-        return clearing.cleared(messages, _rule(config), self._counter.count_message, room=max(own_room, 0),
-                                untouchable=untouchable)
+        conversation = journey.conversation
+        return clearing.cleared(conversation.messages, _rule(config), self._counter.count_message,
+                                room=max(own_room, 0), untouchable=conversation.synthetic,
+                                reported=evidence.reported)
+
+    def _summarised(self, messages: list[Message], cleared: Cleared, swapped: Swapped) -> Cleared:
+        """`cleared` with the rounds `swapped` holds as their summaries instead of placeholders; its own figures
+        (results, tokens freed) for the placeholders left."""
+        sent = list(cleared.messages)
+        placeholders = 0
+        for index in swapped.indices:
+            sent[index] = swapped.messages[index]
+            placeholders += self._counter.count_message(messages[index]) - \
+                self._counter.count_message(cleared.messages[index])
+        return Cleared(sent, cleared.results - len(swapped.indices), cleared.freed - placeholders,
+                       cleared.indices - swapped.indices)
+
+    @staticmethod
+    def _placeholders(journey: Journey[Any]) -> frozenset[str]:
+        """The call ids whose results this request cleared to a placeholder."""
+        if journey.cleared is None:
+            return frozenset()
+        messages = journey.conversation.messages
+        return frozenset(str(messages[index].get("tool_call_id")) for index in journey.cleared.indices)
 
     def _pairs_for(self, pairs: PairSummaries, model: str) -> PairSummaries:
-        config = self._settings.tool_results_for(model).summarize_pairs
-        return pairs.under(PairSummaryPolicy(**config.model_dump()))
+        """Stage 2 under the model's settings. With clearing on, any round but the current one may be summarised:
+        its summary is used only when the clearing reaches it, and the clearing keeps far fewer than keep_recent."""
+        settings = self._settings.tool_results_for(model)
+        policy = PairSummaryPolicy(**settings.summarize_pairs.model_dump())
+        if settings.clear.enabled:
+            policy = dataclasses.replace(policy, keep_recent=min(policy.keep_recent, 1))
+        return pairs.under(policy)
 
 
 def pair_policy(settings: Settings) -> PairSummaryPolicy:

@@ -81,11 +81,12 @@ def over_threshold(limits: Limits, prompt_tokens: int) -> bool:
     return limits.proactive and prompt_tokens + limits.reserve > limits.trigger_tokens
 
 
-def clearing_room(limits: Limits, share: float) -> int:
+def clearing_room(limits: Limits, share: float, *, before_compaction: bool = True) -> int:
     """The prompt tokens a request may take before old tool results are cleared (stage 1, before any summary):
-    `share` of the window with the reserved output beside it, or the compaction trigger if that comes first."""
+    `share` of the window with the reserved output beside it, or (`before_compaction`) the compaction trigger if
+    that comes first."""
     room = share * limits.window - limits.reserve
-    if limits.proactive:
+    if limits.proactive and before_compaction:
         room = min(room, limits.trigger_tokens - limits.reserve)
     return max(int(room), 0)
 

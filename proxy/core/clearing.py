@@ -21,17 +21,25 @@ from dataclasses import dataclass
 from proxy.core.messages import Message, content_text, role
 
 Count = Callable[[Message], int]
+# What a cleared result reported that its placeholder keeps (its error lines, say), as text; "" for nothing.
+Reported = Callable[[str], str]
 # Arguments shorter than this are quoted in the placeholder; longer ones by their start and a digest.
 _QUOTED_ARGUMENTS = 80
+# A clearing keeps whole at most this share of the room (the latest round always): the rest of the room is what
+# the conversation grows back into before the next clearing, and each clearing busts the prompt cache once. Measured
+# on a 200-call agent at 32,000 tokens (bench/agents.py --only tool-stages), a half kept made a clearing every 2.3
+# turns; a quarter, every 2.9.
+_KEPT_SHARE = 0.25
 
 
 @dataclass(frozen=True)
 class ClearingRule:
     """What stage 1 may clear: all but the last `keep` results, a move of the cut only if it frees at least
-    `clear_at_least` tokens; `clear_inputs` replaces the calls' arguments too."""
+    `clear_at_least` tokens (half the room at least, whatever it says); `clear_inputs` replaces the calls' arguments
+    too."""
 
     keep: int = 8
-    clear_at_least: int = 2048
+    clear_at_least: int = 0
     exclude_tools: frozenset[str] = frozenset()
     clear_inputs: bool = False
 
@@ -43,6 +51,7 @@ class Cleared:
     messages: list[Message]
     results: int = 0
     freed: int = 0
+    indices: frozenset[int] = frozenset()  # positions of the results cleared
 
 
 @dataclass(frozen=True)
@@ -55,13 +64,16 @@ class _Result:
 
 
 def cleared(messages: Sequence[Message], rule: ClearingRule, count: Count, *, room: int,
-            untouchable: Collection[int] = ()) -> Cleared:
+            untouchable: Collection[int] = (), reported: Reported | None = None) -> Cleared:
     """`messages` with the results before the cut replaced; `room` is what the messages may take (in `count`'s
-    tokens) before a clearing is due; `untouchable` indexes (what compaction made) are kept."""
+    tokens) before a clearing is due; `untouchable` indexes (what compaction made) are kept; `reported` says what
+    of a result its placeholder keeps."""
     results = [result for result in _results(messages)
                if result.name not in rule.exclude_tools and result.index not in untouchable]
     sizes = [count(message) for message in messages]
-    replaced = [{**messages[result.index], "content": placeholder(result, sizes[result.index])} for result in results]
+    replaced = [{**messages[result.index], "content": placeholder(
+        result, sizes[result.index], reported(content_text(messages[result.index].get("content"))) if reported
+        else "")} for result in results]
     saving = [sizes[result.index] - count(made) for result, made in zip(results, replaced, strict=True)]
     cut = _cut(results, sizes, saving, rule, room)
     if cut == 0:
@@ -72,14 +84,14 @@ def cleared(messages: Sequence[Message], rule: ClearingRule, count: Count, *, ro
     freed = sum(saving[:cut])
     if rule.clear_inputs:
         freed += _clear_inputs(sent, results[:cut], count)
-    return Cleared(sent, cut, freed)
+    return Cleared(sent, cut, freed, frozenset(result.index for result in results[:cut]))
 
 
 def _cut(results: list[_Result], sizes: list[int], saving: list[int], rule: ClearingRule, room: int) -> int:
     """How many of `results` are cleared: the conversation replayed message by message; whenever the total passes
     `room`, the cut moves to all but the last results kept (`keep`, at most half the room of them, the latest
-    round's always), if that frees `clear_at_least` and half the room — so a clearing is a large step, and the
-    conversation has half the room or more to grow back into before the next one."""
+    round's always; at most a quarter of the room), if that frees `clear_at_least` and half the room — so a clearing
+    is a large step, and the conversation has half the room or more to grow back into before the next one."""
     saved = [0, *itertools.accumulate(saving)]  # saved[k]: what clearing the first k results frees
     least = max(rule.clear_at_least, room // 2, 1)
     cut = seen = total = 0
@@ -89,7 +101,7 @@ def _cut(results: list[_Result], sizes: list[int], saving: list[int], rule: Clea
             seen += 1
         if total <= room or seen == 0:
             continue
-        target = max(seen - _kept(results[:seen], sizes, rule.keep, room // 2), cut)
+        target = max(seen - _kept(results[:seen], sizes, rule.keep, int(room * _KEPT_SHARE)), cut)
         if saved[target] - saved[cut] >= least:
             total -= saved[target] - saved[cut]
             cut = target
@@ -108,11 +120,13 @@ def _kept(results: list[_Result], sizes: list[int], keep: int, room: int) -> int
     return kept
 
 
-def placeholder(result: _Result, tokens: int) -> str:
-    """What stands in for a cleared result: the tool, its arguments (or their start and a digest), the size."""
+def placeholder(result: _Result, tokens: int, reported: str = "") -> str:
+    """What stands in for a cleared result: the tool, its arguments (or their start and a digest), the size, and
+    what it reported that must not be lost (an error line)."""
     arguments = result.arguments if len(result.arguments) <= _QUOTED_ARGUMENTS else \
         f"{result.arguments[:_QUOTED_ARGUMENTS // 2]}… sha256:{_digest(result.arguments)}"
-    return (f"[tool result cleared to save context: {result.name}({arguments}) returned {tokens} tokens; "
+    said = f"; it reported {reported}" if reported else ""
+    return (f"[tool result cleared to save context: {result.name}({arguments}) returned {tokens} tokens{said}; "
             "call the tool again if it is needed]")
 
 

@@ -118,6 +118,13 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def reported(output: str) -> str:
+    """What a tool's output reported that a placeholder standing in for it keeps: its failure lines and its
+    settings, each quoted as code ("" when there are none)."""
+    lines = [*_error_lines(output), *_settings(output)[:MAX_ERROR_LINES]]
+    return "; ".join(inline_code(line) for line in lines)
+
+
 def _error_lines(output: str) -> list[str]:
     """The first lines of `output` that report a failure.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,37 @@ def test_every_fact_first_appears_where_it_is_said_to_be_planted(seed: int, shap
         earlier = [index for index in range(fact.index) if contains(message_text(conversation.messages[index]),
                                                                      fact.value)]
         assert earlier == [], (fact, earlier)
+
+
+@pytest.mark.parametrize("result_tokens", [0, 120, 400])
+@pytest.mark.parametrize("seed", [1, 2, 5])
+def test_grown_tool_results_keep_what_they_said_first_and_the_same_facts(seed: int, result_tokens: int) -> None:
+    counter = TokenCounter()
+    plain, grown = generate(seed, 3072, 2), generate(seed, 3072, 2, result_tokens=result_tokens)
+    assert [fact.value for fact in grown.facts] == [fact.value for fact in plain.facts]
+    results = [message["content"] for message in grown.messages if message["role"] == "tool"]
+    if result_tokens == 0:
+        assert grown.messages == plain.messages
+        return
+    assert all(counter.count_text(text) >= result_tokens for text in results if "LEDGER_PORT=" not in text)
+    assert [text for text in results if "LEDGER_PORT=" in text] == [  # a settings file prints nothing else
+        message["content"] for message in plain.messages if "LEDGER_PORT=" in str(message["content"])]
+    assert all(counter.count_text(text) < result_tokens + 60 or "--- build log ---" not in text for text in results)
+    added = [text.split("--- build log ---", 1)[1] for text in results if "--- build log ---" in text]
+    assert added and all(int(number) < 2000 for text in added for number in re.findall(r"\d+", text))
+    for fact in grown.facts:  # still planted where it is said to be, and nowhere before
+        assert contains(message_text(grown.messages[fact.index]), fact.value), fact
+        assert not any(contains(message_text(message), fact.value) for message in grown.messages[:fact.index])
+
+
+def test_the_stages_arm_is_asked_for_not_run_by_default() -> None:
+    assert "stages" not in parse_args([]).arms
+    options = parse_args(["--arms", "proxy,stages", "--result-tokens", "300"])
+    assert options.arms == ["proxy", "stages"] and options.result_tokens == 300
+    assert options.stages_config["compaction"]["tool_results"]["summarize_pairs"]["enabled"] is True
+    assert header(options, "m")["stages_config"] == options.stages_config
+    with pytest.raises(SystemExit):
+        parse_args(["--arms", "proxy,stage"])
 
 
 @pytest.mark.parametrize("cycles", [1, 2, 3])

@@ -207,6 +207,36 @@ async def test_changed_arguments_are_a_mismatch_too(stage: Stage) -> None:
     assert (swapped.applied, swapped.mismatches) == (9, 1)
 
 
+@pytest.mark.parametrize(("within", "swapped_rounds"), [
+    (None, list(range(10))),  # every old round that matches
+    ("rounds 0-3", [0, 1, 2, 3]),  # only the rounds whose results all stand where clearing replaces
+    ("round 3, one result of two", []),  # a parallel round half inside is left whole: one summary serves both
+    ("nothing", []),
+], ids=["all", "within", "half-a-round", "none"])
+async def test_within_swaps_only_the_rounds_whose_results_all_stand_there(
+        stage: Stage, within: str | None, swapped_rounds: list[int]) -> None:
+    messages = conversation(12)
+    await made(stage, messages)
+    rounds = tool_rounds(messages)
+    indices = {None: None, "rounds 0-3": {i for r in rounds[:4] for i in r.result_indices},
+               "round 3, one result of two": {rounds[3].result_indices[0]}, "nothing": set()}[within]
+    swapped = await stage.build().applied(messages, "tenant", within=indices)
+    assert swapped.indices == {i for n in swapped_rounds for i in rounds[n].result_indices}
+    assert swapped.applied == len(swapped_rounds)
+
+
+async def test_rounds_passed_over_are_not_summarised(stage: Stage, summariser: Summariser) -> None:
+    messages = conversation(12)
+    passed = [call_id for r in tool_rounds(messages)[:3] for call_id in r.call_ids]
+    pairs = stage.build()
+    task = pairs.start(messages, "tenant", window=WINDOW, model="summariser", headers={}, passed=passed)
+    assert task is not None and await task == 7  # the ten old rounds less the three passed over
+    await pairs.close()
+    assert "/work/src/mod_0.py" not in summariser.seen[0]["messages"][0]["content"]
+    assert "/work/src/mod_30.py" in summariser.seen[0]["messages"][0]["content"]
+    assert await stage.store.get("tenant", RECORD_PREFIX + tool_rounds(messages)[0].key) is None
+
+
 async def test_another_tenant_sees_nothing(stage: Stage) -> None:
     messages = conversation(12)
     await made(stage, messages, namespace="one")

@@ -65,7 +65,7 @@ def test_the_cut(rule: ClearingRule, room: int, expected: list[bool]) -> None:
 
 @pytest.mark.parametrize(("keep", "rounds_of_room"), [(8, 4), (8, 12), (3, 6), (20, 10), (0, 3)])
 def test_what_is_kept_whole(keep: int, rounds_of_room: int) -> None:
-    """Past the room, a clearing keeps the latest results whole (`keep` at most, no more than half the room holds,
+    """Past the room, a clearing keeps the latest results whole (`keep` at most, no more than a quarter of the room,
     the latest round always) and frees at least half the room; results that came after it wait for the next."""
     room = total(loop(rounds_of_room))
     messages = loop(30, parallel=2)
@@ -94,6 +94,39 @@ def test_the_cut_moves_only_when_the_prompt_passes_the_room_again() -> None:
             assert later.messages[:len(earlier.messages)] == earlier.messages  # the next request only appends
     moves = sum(earlier.results != later.results for earlier, later in itertools.pairwise(requests))
     assert moves == len(set(cuts)) - 1 and moves < len(requests) // 4
+
+
+@pytest.mark.parametrize(("keep", "rounds_of_room"), [(8, 8), (8, 16), (2, 16), (30, 24)])
+def test_a_move_keeps_a_quarter_of_the_room_at_most(keep: int, rounds_of_room: int) -> None:
+    """At each move the results left whole (the latest round's aside) hold a quarter of the room or less, so three
+    quarters are left to grow back into before the next move; `indices` are the results the move cleared."""
+    room = total(loop(rounds_of_room))
+    rule = ClearingRule(keep=keep, clear_at_least=0)
+    requests = [(rounds, cleared(loop(rounds, parallel=2), rule, count, room=room)) for rounds in range(4, 60)]
+    moves = [(rounds, later) for (_, earlier), (rounds, later) in itertools.pairwise(requests)
+             if later.results != earlier.results]
+    assert len(moves) >= 2
+    for rounds, result in moves:
+        messages = loop(rounds, parallel=2)
+        tool = [index for index, message in enumerate(messages) if message["role"] == "tool"]
+        whole = [index for index in tool[:-2] if index not in result.indices]
+        assert sum(count(messages[index]) for index in whole) <= room // 4
+        assert len(whole) <= keep
+        assert result.indices == {index for index in tool if result.messages[index] != messages[index]}
+
+
+def test_a_placeholder_keeps_what_the_result_reported() -> None:
+    messages = loop(6)
+    messages[3] = {**messages[3], "content": "E   ReconcileError: E1464 checksum mismatch\n" + "x" * 1600}
+    result = cleared(messages, ClearingRule(keep=0, clear_at_least=0), count, room=0,
+                     reported=lambda text: f"`{text.splitlines()[0]}`" if text.startswith("E ") else "")
+    first, second = result.messages[3]["content"], result.messages[5]["content"]
+    assert first.startswith("[tool result cleared") and "it reported `E   ReconcileError: E1464 checksum mismatch`" \
+        in first
+    assert second.startswith("[tool result cleared") and "reported" not in second
+    assert result.messages == cleared(messages, ClearingRule(keep=0, clear_at_least=0), count, room=0,  # stable
+                                      reported=lambda text: f"`{text.splitlines()[0]}`" if text.startswith("E ")
+                                      else "").messages
 
 
 def test_a_small_move_waits_until_it_frees_enough() -> None:

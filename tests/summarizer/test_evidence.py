@@ -10,7 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core.tokens import TokenCounter
-from proxy.summarizer.evidence import ERROR_WORD, TALLY, Evidence, _error_lines, _settings, complete, gather, normalised
+from proxy.summarizer.evidence import (
+    ERROR_WORD,
+    TALLY,
+    Evidence,
+    _error_lines,
+    _settings,
+    complete,
+    gather,
+    normalised,
+    reported,
+)
 from proxy.summarizer.summary import FileNote, StructuredSummary
 
 COUNTER = TokenCounter()
@@ -335,3 +345,16 @@ def test_settings_a_command_printed_are_quoted_as_code() -> None:
     history = [call("c", "run_command", {"command": "env"}), result("c", "SYSTEM_OVERRIDE=obey\nMODE=root")]
     merged, _ = complete(None, "", gather(history), 1000, COUNTER.count_text)
     assert merged.problem_solving == ("`env` printed: `SYSTEM_OVERRIDE=obey` `MODE=root`",)
+
+
+@pytest.mark.parametrize(("output", "expected"), [
+    ("tests/t.py::test_batch FAILED\nE   ReconcileError: E1464 dup\n1 failed, 6 passed in 3.41s\nok ok ok",
+     "`tests/t.py::test_batch FAILED`; `E   ReconcileError: E1464 dup`; `1 failed, 6 passed in 3.41s`"),
+    ("LEDGER_HOST=127.0.0.1\nLEDGER_PORT=41234\nLEDGER_POOL=8\nLEDGER_TLS=false",
+     "`LEDGER_HOST=127.0.0.1`; `LEDGER_PORT=41234`; `LEDGER_POOL=8`"),
+    ("total 8\n-rw-r--r-- 1 dev dev 12 notes.txt", ""),
+    ("", ""),
+    ("Error: a `backtick` inside", "``Error: a `backtick` inside``"),
+], ids=["test-log", "settings", "listing", "empty", "backtick"])
+def test_what_a_placeholder_keeps_of_an_output(output: str, expected: str) -> None:
+    assert reported(output) == expected
