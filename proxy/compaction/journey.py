@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from proxy.compaction.compactor import Conversation
-from proxy.compaction.pair_summaries import Swapped
 from proxy.core.budget import Limits
 from proxy.core.clearing import Cleared
 from proxy.core.history_index import History
 from proxy.core.messages import Message
+from proxy.core.pair_policy import Swapped
 from proxy.core.usage import Usage
 from proxy.core.view import View
 from proxy.dialects.call import Call

@@ -14,7 +14,9 @@ from typing import Any
 
 from proxy.core.backoff import Backoff
 from proxy.core.elision import elide_text
-from proxy.core.messages import Message, content_text, valid_text
+from proxy.core.messages import Message, valid_text
+from proxy.core.pair_policy import PairSummaryPolicy, Swapped
+from proxy.core.pair_reply import BadReply, parsed_summaries
 from proxy.core.tokens import TokenCounter
 from proxy.core.tool_rounds import (
     Swap,
@@ -47,66 +49,6 @@ _LIST_TOKENS = 8  # what one summary adds to the reply's JSON list besides its t
 _CHARS_PER_TOKEN = 16  # a stored summary longer than this per token allowed is refused before it is counted
 _ARGUMENT_TOKENS = 512  # a call's arguments (a whole file written, say) are shown to the summariser up to this
 _CUT = " …"
-
-
-@dataclass(frozen=True)
-class PairSummaryPolicy:
-    """Stage 2's settings: compaction.tool_results.summarize_pairs, and limits only code sets."""
-
-    enabled: bool = True
-    batch_size: int = 10  # rounds per summariser call
-    keep_recent: int = 8  # the latest rounds are never summarised (nor the current one, whatever this says)
-    cutoff: float = 0.25  # summarise once the old unsummarised rounds' results pass this share of the window
-    max_summary_tokens: int = 200  # per round
-    timeout: float = 120.0  # seconds for one batch: the store's reads and writes and the summariser call
-    min_result_tokens: int = 64  # a round with less in its results is not worth a summary
-    max_lookups: int = 256  # store reads per request (rounds this process already knows cost none)
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.keep_recent < 0 or not 0 < self.cutoff < 1 or self.max_summary_tokens < 16 \
-                or self.timeout <= 0 or self.min_result_tokens < 0 or self.max_lookups < 0:
-            raise ValueError("pair summaries need batch_size >= 1, keep_recent >= 0, 0 < cutoff < 1, "
-                             "max_summary_tokens >= 16, timeout > 0, min_result_tokens and max_lookups >= 0")
-
-    def old(self, rounds: Sequence[ToolRound]) -> list[ToolRound]:
-        """The rounds that may be summarised: all but the last `keep_recent`, and never the last (the current)."""
-        return list(rounds[:max(len(rounds) - max(self.keep_recent, 1), 0)])
-
-
-@dataclass(frozen=True)
-class Swapped:
-    """A request's messages with the rounds whose stored summary matched swapped, and what that came to."""
-
-    messages: list[Message]
-    applied: int = 0  # rounds swapped
-    tokens_freed: int = 0  # by the counter: the results' tokens less what stands in for them
-    mismatches: int = 0  # rounds with a stored summary made of other calls or results: left whole
-    indices: frozenset[int] = frozenset()  # positions of the result messages swapped (for later stages to leave)
-
-
-class BadReply(Exception):
-    """The summariser's reply is not a JSON list of one non-empty string per round; its message is a reason code
-    (never the reply's text)."""
-
-
-def parsed_summaries(reply: Mapping[str, Any], count: int) -> list[str]:
-    """The reply's summaries, one per round, in order: a JSON list (a fence or words around it are tolerated) of
-    exactly `count` strings, none empty. Anything else raises BadReply, so a bad reply stores nothing."""
-    if reply.get("finish_reason") == "length":
-        raise BadReply("cut_off")
-    text = content_text(reply.get("content"))
-    start, end = text.find("["), text.rfind("]")
-    if start < 0 or end < start:
-        raise BadReply("not_a_list")
-    try:
-        value = json.loads(text[start:end + 1])
-    except (ValueError, RecursionError) as error:
-        raise BadReply("not_json") from error
-    if not isinstance(value, list) or len(value) != count:
-        raise BadReply("wrong_count")
-    if not all(isinstance(item, str) and item.strip() for item in value):
-        raise BadReply("empty_summary")
-    return [valid_text(item.strip()) for item in value]
 
 
 @dataclass(frozen=True)

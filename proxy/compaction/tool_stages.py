@@ -9,12 +9,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.compaction.journey import Journey
-from proxy.compaction.pair_summaries import PairSummaries, PairSummaryPolicy, Swapped
+from proxy.compaction.pair_summaries import PairSummaries
 from proxy.config import ClearConfig, Settings
 from proxy.core import budget, clearing
 from proxy.core.calibration import Calibration
 from proxy.core.clearing import Cleared, ClearingRule
 from proxy.core.messages import Message
+from proxy.core.pair_policy import PairSummaryPolicy, Swapped
 from proxy.core.tokens import TokenCounter
 from proxy.summarizer import evidence
 

@@ -17,15 +17,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from proxy.compaction.pair_summaries import (
-    RECORD_PREFIX,
-    BadReply,
-    PairSummaries,
-    PairSummaryPolicy,
-    parsed_summaries,
-)
+from proxy.compaction.pair_summaries import RECORD_PREFIX, PairSummaries
 from proxy.config import UpstreamConfig
 from proxy.core.messages import Message
+from proxy.core.pair_policy import PairSummaryPolicy
 from proxy.core.tokens import TokenCounter
 from proxy.core.tool_rounds import tool_rounds
 from proxy.dialects import responses_items
@@ -423,13 +418,6 @@ async def test_a_broken_store_is_counted_and_serving_goes_on(stage: Stage, caplo
     assert len([r for r in caplog.records if "pair_summaries_store_failed" in r.getMessage()]) == 1
 
 
-def test_parsed_summaries_tolerates_a_fence_and_words_around_the_list() -> None:
-    reply = {"content": 'Sure:\n```json\n["a /x.py", " b "]\n```', "finish_reason": "stop"}
-    assert parsed_summaries(reply, 2) == ["a /x.py", "b"]
-    with pytest.raises(BadReply):
-        parsed_summaries({"content": "[" * 100_000 + "]" * 100_000}, 1)
-
-
 # --- one task per conversation, backoff, close ----------------------------------------------------------
 
 async def test_concurrent_starts_make_one_summariser_call(stage: Stage, summariser: Summariser) -> None:
@@ -496,8 +484,3 @@ async def test_a_model_policy_shares_what_is_known_and_running(stage: Stage, sum
     summariser.gate.set()
 
 
-@pytest.mark.parametrize("wrong", [{"batch_size": 0}, {"keep_recent": -1}, {"cutoff": 0}, {"cutoff": 1},
-                                   {"max_summary_tokens": 8}, {"timeout": 0}, {"max_lookups": -1}])
-def test_a_policy_out_of_range_is_refused(wrong: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):
-        PairSummaryPolicy(**wrong)
