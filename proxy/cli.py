@@ -22,6 +22,7 @@ from proxy.http.appkeys import RUNTIME
 from proxy.http.client_connections import client_capacity, open_files_limit, recommended_limit
 from proxy.log_filters import install as install_redaction
 from proxy.log_filters import mask_url
+from proxy.log_format import formatter as log_formatter
 from proxy.log_limits import install as install_repeat_limits
 from proxy.reload import Reloader
 from proxy.workers import supervise
@@ -85,9 +86,10 @@ def _masked(tree: Any) -> Any:
 
 def configure_logging(settings: Settings, worker: int | None = None) -> None:
     """stderr at the configured level, with credentials redacted from every record (aiohttp's included)."""
-    who = "" if worker is None else f"worker-{worker} "  # the workers share the supervisor's stderr
-    logging.basicConfig(level=settings.logging.level, stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s {who}%(name)s %(message)s")
+    # The workers share the supervisor's stderr: each line says which one wrote it.
+    logging.basicConfig(level=settings.logging.level, stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(log_formatter(settings.logging.format, worker))
     install_redaction()
     # After redaction, so a "suppressed N similar" line quotes an already redacted message.
     install_repeat_limits()

@@ -273,6 +273,9 @@ def _url_has_password(url: str) -> bool:
 
 class LoggingConfig(_Frozen):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # "json": every line one JSON object (time, level, logger, then an event's own fields or `message`), for a log
+    # collector; "text": time, level, logger and message, for a person.
+    format: Literal["text", "json"] = "text"
     # One JSON line per request on the `proxy.access` logger (probes at DEBUG); request ids are returned either way.
     access_log: bool = True
 
