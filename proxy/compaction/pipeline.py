@@ -196,9 +196,10 @@ class Pipeline(Generic[C]):
         journey = await self._begin(call, view)
         await self._stages.shape(journey)
         summarising = 0.0
-        if self._mode(call) == "force" or budget.over_threshold(journey.limits, self._estimate(journey)):
+        forced = self._mode(call) == "force"
+        if forced or budget.over_threshold(journey.limits, self._estimate(journey)):
             compacting = time.perf_counter()
-            await self._compact(journey, "proactive")
+            await self._compact(journey, "forced" if forced else "proactive")
             summarising = time.perf_counter() - compacting
             if call.pauses_after_compaction and journey.conversation.record is not None:
                 return self.compaction_answer(journey)  # the client asked to stop there: nothing is sampled

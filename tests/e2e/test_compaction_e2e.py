@@ -176,7 +176,7 @@ async def test_mode_header_off_and_force(model: WindowedModel, make_proxy: Proxy
     assert caught.value.response.headers["x-compaction"] == "none"
     forced = await client.chat.completions.with_raw_response.create(
         model="fake-small", messages=big_history(3), extra_headers={"x-compaction-mode": "force"})
-    assert forced.headers["x-compaction"] == "proactive"
+    assert forced.headers["x-compaction"] == "forced"
     with pytest.raises(openai.BadRequestError) as bad:
         await client.chat.completions.create(model="fake-small", messages=big_history(1),
                                              extra_headers={"x-compaction-mode": "sometimes"})

@@ -64,6 +64,10 @@ async def test_compact_answers_one_item_that_stands_for_the_whole_conversation(
     assert headers["x-compaction"] == "requested" and answer["usage"]["input_tokens"] > 0
     assert len(json.dumps(answer["output"])) < len(json.dumps(history)) / 2
     assert model.received == []  # nothing was sent to the model for it
+    async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/metrics") as response:
+        counted = await response.text()  # counted as what it was, not as "none"
+    assert 'compaction_proxy_requests_total{compaction="requested",route="responses_compact",status="200"} 1.0' \
+        in counted
     follow_up = [*answer["output"], {"role": "user", "content": "And now?"}]
     status, _, _ = await post(f"{proxy.url}/v1/responses", {"model": "m", "input": follow_up})
     assert status == 200

@@ -342,7 +342,7 @@ async def compact_through(proxy_url: str, count: int, model: str = "small") -> N
         raw = await client.chat.completions.with_raw_response.create(
             model=model, messages=conversation(index),  # type: ignore[arg-type]
             extra_headers={"x-compaction-mode": "force"})
-        assert raw.headers["x-compaction"] == "proactive"
+        assert raw.headers["x-compaction"] == "forced"
         assert raw.parse().choices[0].message.content == f"echo: conversation {index}: what next?"
 
 
@@ -384,7 +384,7 @@ async def test_a_plain_client_session_sees_no_difference(summariser: Summariser,
             async with session.post(f"{proxy.url}/v1/chat/completions",
                                     json={"model": "small", "messages": conversation(index)},
                                     headers={"x-compaction-mode": "force"}) as response:
-                assert response.status == 200 and response.headers["x-compaction"] == "proactive"
+                assert response.status == 200 and response.headers["x-compaction"] == "forced"
     assert summariser.formats() == [None, None, "json_schema", "json_object", None]
 
 
