@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from proxy.headers import refusal
+
 
 class ProxyError(Exception):
     """An error answered by the proxy itself (never one relayed from the upstream)."""
@@ -12,6 +14,7 @@ class ProxyError(Exception):
     status: int = 500
     error_type: str = "proxy_error"
     code: str | None = None
+    outcome: str = "none"  # x-compaction on the answer: what became of compaction
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -25,6 +28,10 @@ class ProxyError(Exception):
 
     def body_bytes(self) -> bytes:
         return json.dumps(self.body()).encode()
+
+    def headers(self) -> dict[str, str]:
+        """x-compaction and x-compaction-reason for the answer: every answer says what compaction did."""
+        return refusal(self.code, self.error_type, self.outcome)
 
 
 class BadRequest(ProxyError):
@@ -71,6 +78,7 @@ class SummaryUnavailable(ProxyError):
     status = 502
     error_type = "upstream_error"
     code = "compaction_failed"
+    outcome = "failed"
 
 
 class UpstreamUnreachable(ProxyError):

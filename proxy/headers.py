@@ -60,3 +60,10 @@ def log_fields(headers: Mapping[str, str]) -> dict[str, str | int]:
     if _REASON.fullmatch(reason):
         fields["compaction_reason"] = reason
     return fields
+
+
+def refusal(code: str | None, error_type: str, outcome: str = "none") -> dict[str, str]:
+    """What an answer the proxy made itself (an error: 400, 401, 502…) tells of compaction: `outcome` (nothing was
+    compacted, or a compaction asked for failed) and, as the reason, the error's code or else its type."""
+    reason = next((word for word in (code, error_type) if word and _REASON.fullmatch(word)), "proxy_error")
+    return {COMPACTION: outcome if outcome in OUTCOMES else "none", REASON: reason}

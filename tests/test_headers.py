@@ -88,3 +88,15 @@ def test_log_fields_read_case_insensitive_headers() -> None:
 def test_log_fields_refuse_a_non_str_count() -> None:
     with pytest.raises(AttributeError):
         log_fields({h.TOKENS_BEFORE: 5})  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize(("code", "error_type", "outcome", "expected"), [
+    ("invalid_api_key", "invalid_request_error", "none", ("none", "invalid_api_key")),
+    ("413", "invalid_request_error", "none", ("none", "invalid_request_error")),  # an aiohttp status as the code
+    (None, "upstream_error", "failed", ("failed", "upstream_error")),
+    (None, "Not A Word", "none", ("none", "proxy_error")),
+    ("compaction_failed", "upstream_error", "made-up", ("none", "compaction_failed")),  # not an outcome: none
+], ids=["code", "digits", "type", "neither", "unknown-outcome"])
+def test_what_a_refusal_tells(code: str | None, error_type: str, outcome: str, expected: tuple[str, str]) -> None:
+    told = h.refusal(code, error_type, outcome)
+    assert (told[h.COMPACTION], told[h.REASON]) == expected

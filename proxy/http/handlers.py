@@ -82,7 +82,8 @@ async def parsed(request: web.Request, pipeline: Serving, body: bytes | None = N
 def refuse_upgrade() -> web.Response:
     """426 for a WebSocket handshake (Codex asks for Responses over WebSocket first), and the connection closed."""
     refused = UpgradeRefused("WebSocket is not served here: send the request as HTTP POST")
-    response = web.json_response(refused.body(), status=refused.status, headers={"Connection": "close"})
+    response = web.json_response(refused.body(), status=refused.status,
+                                 headers={"Connection": "close", **refused.headers()})
     response.force_close()
     return response
 

@@ -23,7 +23,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def error_response(error: ProxyError, path: str = "") -> web.Response:
     """The error as its route's API shapes errors (OpenAI's on every route but another dialect's own)."""
-    return web.json_response(error_body(path, error), status=error.status)
+    return web.json_response(error_body(path, error), status=error.status, headers=error.headers())
 
 
 @web.middleware

@@ -85,7 +85,7 @@ async def refuse_escaping_paths(request: web.Request, handler: Handler) -> web.S
     problem = refusal(request.raw_path)
     if problem is not None:
         error = BadRequest(problem, code="invalid_path")
-        response = web.json_response(error.body(), status=error.status)
+        response = web.json_response(error.body(), status=error.status, headers=error.headers())
         response.force_close()  # whatever body follows is never read
         return response
     return await handler(request)
