@@ -388,4 +388,5 @@ class _Job:
                 "summarized_messages": len(self.plan.to_summarise), "summary_tokens_requested": self.summary_tokens,
                 "backoff_level": self.level, "window_margin": budget.window_margin(limits.window),
                 "attainable": self.plan.allotment.attainable,
+                **({"not_attainable_because": why} if (why := self.plan.allotment.why_not_attainable()) else {}),
                 **self.plan.as_log()}

@@ -124,6 +124,19 @@ class Allotment:
         """Whether the goal can be met at all; when not, the plan keeps as little as the tail allows."""
         return self.fixed + self.summary_tokens <= self.goal
 
+    def why_not_attainable(self) -> str | None:
+        """In words, why the compacted prompt cannot reach the goal; None when it can."""
+        if self.attainable:
+            return None
+        if self.goal <= 0:
+            return (f"the reserved output and the next turn ({self.growth} tokens) alone fill the target: "
+                    "only a larger window, a higher target or a smaller reserve would leave room")
+        return (f"what must stay verbatim ({self.fixed} tokens: system and developer messages, the current tool "
+                f"round, the latest user message) and the summary's floor ({self.summary_tokens}) need "
+                f"{self.fixed + self.summary_tokens}, past the goal of {self.goal} (the target less the reserved "
+                f"output and the next turn's {self.growth}): the prompt stays above the target, with as little "
+                "kept as the tail allows")
+
     def as_log(self) -> dict[str, int]:
         """The allotment's figures for a log line, named apart from the plan's own (`tail_tokens` there is what
         the tail holds; here it is what the tail was allowed beyond the current round)."""

@@ -61,6 +61,18 @@ def test_allotment_for_a_few_windows(window: int, reserve: int, fixed: int, grow
     allotment = budget.allot(limits(window, reserve), fixed=fixed, growth=growth)
     assert {key: getattr(allotment, key) for key in expected} == expected
     assert allotment.attainable == (fixed + allotment.summary_tokens <= allotment.goal)
+    assert (allotment.why_not_attainable() is None) == allotment.attainable
+
+
+@pytest.mark.parametrize(("window", "reserve", "fixed", "growth", "says"), [
+    (32768, 1024, 2000, 800, None),  # attainable: nothing to say
+    (4000, 1024, 1500, 330, "what must stay verbatim (1500 tokens"),  # a long current round
+    (2000, 1024, 100, 330, "alone fill the target"),  # the reserve and the next turn take the whole target
+], ids=["attainable", "verbatim-too-long", "no-room"])
+def test_why_a_goal_is_not_attainable_is_said_in_words(window: int, reserve: int, fixed: int, growth: int,
+                                                       says: str | None) -> None:
+    why = budget.allot(limits(window, reserve), fixed=fixed, growth=growth).why_not_attainable()
+    assert why == says if says is None else (why is not None and says in why)
 
 
 @pytest.mark.parametrize(

@@ -74,3 +74,18 @@ async def test_after_every_compaction_the_next_request_fits_the_target(
 def summary_of(messages: list[dict[str, Any]]) -> str | None:
     content = str(messages[1].get("content")) if len(messages) > 1 else ""
     return content if content.startswith("# Conversation Summary") else None
+
+
+async def test_a_compaction_that_cannot_reach_its_target_says_why(
+        model: WindowedModel, make_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """With the default 1,024-token reserve a 3,000-token window's target cannot hold the verbatim part and the
+    summary: the log line says so in words, not just `"attainable": false`."""
+    proxy = await make_proxy({"models": {"default": {"context_window": WINDOW}}})
+    with caplog.at_level(logging.INFO, logger="proxy.compaction"):
+        await run_script(async_client(proxy.url), 12)
+    lines = compaction_lines(caplog)
+    short = [line for line in lines if not line["attainable"]]
+    assert short, lines
+    assert all("past the goal of" in line["not_attainable_because"] or "alone fill the target" in
+               line["not_attainable_because"] for line in short)
+    assert all("not_attainable_because" not in line for line in lines if line["attainable"])
