@@ -10,7 +10,7 @@ from typing import Any
 
 from proxy.compaction.journey import Journey
 from proxy.compaction.pair_summaries import PairSummaries
-from proxy.config import ClearConfig, Settings
+from proxy.config import ClearConfig, Settings, SummarizePairsConfig
 from proxy.core import budget, clearing
 from proxy.core.calibration import Calibration
 from proxy.core.clearing import Cleared, ClearingRule
@@ -122,7 +122,7 @@ class ToolStages:
         """Stage 2 under the model's settings. With clearing on, any round but the current one may be summarised:
         its summary is used only when the clearing reaches it, and the clearing keeps far fewer than keep_recent."""
         settings = self._settings.tool_results_for(model)
-        policy = PairSummaryPolicy(**settings.summarize_pairs.model_dump())
+        policy = _policy(self._settings, settings.summarize_pairs)
         if settings.clear.enabled:
             policy = dataclasses.replace(policy, keep_recent=min(policy.keep_recent, 1))
         return pairs.under(policy)
@@ -130,7 +130,13 @@ class ToolStages:
 
 def pair_policy(settings: Settings) -> PairSummaryPolicy:
     """The global stage-2 policy, as the runtime builds the summaries with."""
-    return PairSummaryPolicy(**settings.compaction.tool_results.summarize_pairs.model_dump())
+    return _policy(settings, settings.compaction.tool_results.summarize_pairs)
+
+
+def _policy(settings: Settings, config: SummarizePairsConfig) -> PairSummaryPolicy:
+    """A batch may take as long as a whole summary may (compaction.summarizer.timeout): the same summariser writes
+    both, and a model on a CPU reads a batch of ten rounds in minutes."""
+    return PairSummaryPolicy(**config.model_dump(), timeout=settings.compaction.summarizer.timeout)
 
 
 def _rule(config: ClearConfig) -> ClearingRule:
