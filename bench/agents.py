@@ -80,8 +80,8 @@ async def scenario(label: str, model: WindowedModel, window: int, drive: Drive,
         await proxy.stop()
         await runner.cleanup()
     done = [e for e in lines.events if e.get("event") == "compaction"]
-    pairs = [f"{e['tokens_before']}->{e['tokens_after']}" for e in done[:4]]
-    after = statistics.median(e["tokens_after"] for e in done) if done else 0
+    pairs = [f"{e['span_tokens']}->{e['replacement_tokens']}" for e in done[:4]]
+    after = statistics.median(e["replacement_tokens"] for e in done) if done else 0
     requests = len(responses.received) if responses else len(model.chat_calls)
     largest = max(responses.prompts) if responses else max(r.prompt_tokens for r in model.chat_calls)
     print(f"| {label} | {requests} | {len(model.summarizer_calls)} | {len(done)} | "

@@ -352,8 +352,8 @@ class PairSummaries:
         log.info(json.dumps({
             "event": "pair_summaries", "request_id": current_request_id(), "summarizer_model": job.model,
             "rounds": len(batch), "made": len(kept), "left_whole": len(batch) - len(kept),
-            "tokens_before": sum(record.tokens_before for _, _, record in kept),
-            "tokens_after": sum(record.tokens_after for _, _, record in kept),
+            "span_tokens": sum(record.tokens_before for _, _, record in kept),
+            "replacement_tokens": sum(record.tokens_after for _, _, record in kept),
             "summarizer_prompt_tokens": token_count(usage.get("prompt_tokens")) or 0,
             "summarizer_completion_tokens": token_count(usage.get("completion_tokens")) or 0,
             "duration_ms": round((time.monotonic() - started) * 1000, 1)}))
