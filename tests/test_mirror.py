@@ -17,7 +17,6 @@ ELSEWHERE = {
     "compaction.compactor": "tests/e2e/test_compaction_e2e.py, test_backoff_e2e.py, test_hostile_summariser.py",
     "compaction.journey": "a request's state and the Serving protocol: every tests/e2e test goes through both",
     "compaction.pipeline": "tests/e2e: compaction, shadow, hysteresis, overflow styles, tenants, the agent loop",
-    "compaction.tool_stages": "tests/e2e/test_tool_results_e2e.py: both stages through the proxy, per model, off",
     "compaction.runtime": "tests/test_reload.py (swapped whole on reload), tests/e2e/test_shutdown.py",
     "dialects.dialect": "protocols only; tests/dialects/test_chat.py checks the chat dialect against them",
     "http.appkeys": "typed application keys, read by every handler",
