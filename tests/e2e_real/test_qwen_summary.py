@@ -88,7 +88,10 @@ async def rig(qwen_server: LlamaServer) -> AsyncIterator[Any]:
             upstream = await stack.enter_async_context(recorder.serving())
             config = {"upstream": {"base_url": upstream, "idle_timeout": 600},
                       "models": {"default": {"context_window": WINDOW}},
+                      # Clearing off: it would take this history's six rounds under the threshold without a
+                      # summary (placeholders for five of them), and the summary is what is tested here.
                       "compaction": {"background": False, "threshold": THRESHOLD,
+                                     "tool_results": {"clear": {"enabled": False}},
                                      "summarizer": {"timeout": 600, "temperature": 0, **summarizer}}}
             proxy = await start_server(settings_from_mapping(config, env={}), host="127.0.0.1", port=0)
             stack.push_async_callback(proxy.stop)
