@@ -14,7 +14,7 @@ from typing import Any
 
 from proxy.core.backoff import Backoff
 from proxy.core.elision import elide_text
-from proxy.core.messages import Message, valid_text
+from proxy.core.messages import Message, content_text, valid_text, with_text
 from proxy.core.pair_policy import PairSummaryPolicy, Swapped
 from proxy.core.pair_reply import BadReply, parsed_summaries
 from proxy.core.tokens import TokenCounter
@@ -33,6 +33,7 @@ from proxy.metrics import Metrics
 from proxy.request_context import current_request_id
 from proxy.store.single_flight import SingleFlight
 from proxy.store.store import CompactedPrefix, SummaryStore
+from proxy.summarizer.evidence import reported
 from proxy.summarizer.summarizer import ChatModel
 from proxy.summarizer.templates import PAIR_SUMMARIES, Templates
 
@@ -110,7 +111,7 @@ class PairSummaries:
             rounds = [tool_round for tool_round in rounds if set(tool_round.result_indices) <= set(within)]
         known = await self._lookup(namespace, rounds) if rounds else {}
         swaps: list[Swap] = []
-        freed = mismatches = 0
+        mismatches = 0
         for tool_round in rounds:
             entry = known.get(tool_round.key)
             if entry is None or entry.texts is None:
@@ -118,16 +119,17 @@ class PairSummaries:
             if entry.fingerprint != tool_round.fingerprint:
                 mismatches += 1
                 continue
-            saved = self._saving(messages, tool_round, entry.texts)
-            if saved > 0:  # a hostile store's long "summary" is no saving
+            if self._saving(messages, tool_round, entry.texts) > 0:  # a hostile store's long "summary" is no saving
                 swaps.append((tool_round, *entry.texts))
-                freed += saved
         self._count(applied=len(swaps), mismatch=mismatches)
         if not swaps:
             return Swapped(messages, mismatches=mismatches)
-        self._metrics.tool_result_tokens_freed.labels(STAGE).inc(freed)
         indices = frozenset(index for tool_round, _, _ in swaps for index in tool_round.result_indices)
-        return Swapped(with_round_summaries(messages, swaps), len(swaps), freed, mismatches, indices)
+        sent = _with_reports(messages, with_round_summaries(messages, swaps), indices)
+        freed = sum(self._counter.count_message(messages[index]) - self._counter.count_message(sent[index])
+                    for index in indices)
+        self._metrics.tool_result_tokens_freed.labels(STAGE).inc(max(freed, 0))
+        return Swapped(sent, len(swaps), freed, mismatches, indices)
 
     def start(self, messages: list[Message], namespace: str, *, window: int, model: str,
               headers: Mapping[str, str], passed: Collection[str] = ()) -> asyncio.Task[Any] | None:
@@ -387,3 +389,14 @@ class PairSummaries:
             "error": type(error).__name__, "reason": str(error) if isinstance(error, BadReply) else None,
             "rounds": rounds, "duration_ms": round((time.monotonic() - started) * 1000, 1)}))
 
+
+def _with_reports(messages: Sequence[Message], sent: list[Message], indices: Collection[int]) -> list[Message]:
+    """`sent` with each swapped result followed by what its output reported (its error and settings lines,
+    verbatim): a small model's summary paraphrases an error it was asked to keep (the fidelity benchmark saw
+    Qwen2.5-Coder-1.5B turn `E1464: duplicate journal key cd0e87` into an AssertionError it made up)."""
+    for index in indices:
+        said = reported(content_text(messages[index].get("content")))
+        if said:
+            sent[index] = with_text(sent[index], f"{content_text(sent[index].get('content'))}\n(The output "
+                                                 f"reported {said}.)")
+    return sent

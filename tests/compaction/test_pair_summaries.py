@@ -181,6 +181,22 @@ async def test_made_in_one_call_stored_and_applied_by_a_later_request(stage: Sta
         swapped.tokens_freed
 
 
+async def test_a_summary_goes_with_the_error_lines_its_result_printed(stage: Stage) -> None:
+    """The summariser may paraphrase an error; the lines a result reported go after its summary verbatim."""
+    messages = conversation(12)
+    first, parallel = tool_rounds(messages)[0], tool_rounds(messages)[3]
+    error = "E   ReconcileError: E1464: duplicate journal key cd0e87"
+    for index in (first.result_indices[0], parallel.result_indices[1]):
+        messages[index] = {**messages[index], "content": messages[index]["content"] + f"\n{error}"}
+    await made(stage, messages)
+    swapped = await stage.build().applied(messages, "tenant")
+    for index in (first.result_indices[0], parallel.result_indices[1]):  # a summary, and a pointer to one
+        assert swapped.messages[index]["content"].startswith("[")
+        assert swapped.messages[index]["content"].endswith(f"(The output reported `{error}`.)")
+    assert "reported" not in swapped.messages[tool_rounds(messages)[1].result_indices[0]]["content"]
+    assert sum(COUNTER.count_each(messages)) - sum(COUNTER.count_each(swapped.messages)) == swapped.tokens_freed
+
+
 async def test_a_result_changed_by_one_byte_is_not_replaced(stage: Stage) -> None:
     messages = conversation(12)
     await made(stage, messages)
