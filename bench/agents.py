@@ -80,7 +80,7 @@ async def scenario(label: str, model: WindowedModel, window: int, drive: Drive,
         await proxy.stop()
         await runner.cleanup()
     done = [e for e in lines.events if e.get("event") == "compaction"]
-    pairs = [f"{e['span_tokens']}->{e['replacement_tokens']}" for e in done[:4]]
+    pairs = [f"{e['replaced_tokens']}->{e['replacement_tokens']}" for e in done[:4]]
     after = statistics.median(e["replacement_tokens"] for e in done) if done else 0
     requests = len(responses.received) if responses else len(model.chat_calls)
     largest = max(responses.prompts) if responses else max(r.prompt_tokens for r in model.chat_calls)

@@ -322,8 +322,8 @@ class Compactor:
         self._metrics.compaction_tokens.labels("before").observe(record.tokens_before)
         self._metrics.compaction_tokens.labels("after").observe(record.tokens_after)
         self._count_calls(summary.calls, summary.usage, "ok")
-        log.info(json.dumps({**job.log_fields(), "event": "compaction", "span_messages": record.prefix_len,
-                             "replacement_messages": len(record.replacement), "span_tokens": record.tokens_before,
+        log.info(json.dumps({**job.log_fields(), "event": "compaction",
+                             "replacement_messages": len(record.replacement), "replaced_tokens": record.tokens_before,
                              "replacement_tokens": record.tokens_after, "summarizer_calls": summary.calls,
                              "summarizer_strategy": summary.strategy, "evidence_added": summary.evidence,
                              "summarizer_prompt_tokens": summary.usage.get("prompt_tokens", 0),

@@ -354,7 +354,7 @@ class PairSummaries:
         log.info(json.dumps({
             "event": "pair_summaries", "request_id": current_request_id(), "summarizer_model": job.model,
             "rounds": len(batch), "made": len(kept), "left_whole": len(batch) - len(kept),
-            "span_tokens": sum(record.tokens_before for _, _, record in kept),
+            "replaced_tokens": sum(record.tokens_before for _, _, record in kept),
             "replacement_tokens": sum(record.tokens_after for _, _, record in kept),
             "summarizer_prompt_tokens": token_count(usage.get("prompt_tokens")) or 0,
             "summarizer_completion_tokens": token_count(usage.get("completion_tokens")) or 0,

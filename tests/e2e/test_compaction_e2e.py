@@ -372,7 +372,8 @@ async def test_one_structured_log_line_per_compaction_without_text(model: Window
     assert len(lines) == 1
     event = lines[0]
     assert event["trigger"] == "proactive" and event["summarizer_calls"] == 1
-    assert event["replacement_tokens"] < event["span_tokens"] and event["replacement_messages"] < event["span_messages"]
+    assert event["replacement_tokens"] < event["replaced_tokens"]
+    assert event["replacement_messages"] < event["prefix_len"]
     assert "tokens_before" not in event  # that name is the whole request's, in the headers and the access log
     assert event["summarizer_prompt_tokens"] > 0 and event["duration_ms"] >= 0
     everything = "\n".join(r.getMessage() for r in caplog.records)
