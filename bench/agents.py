@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import statistics
 import sys
@@ -42,17 +41,6 @@ from tests.sdk import async_client
 Drive = Callable[[Any], Awaitable[Any]]
 
 
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.events: list[dict[str, Any]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if message.startswith("{"):
-            self.events.append(json.loads(message))
-
-
 async def scenario(label: str, model: WindowedModel, window: int, drive: Drive,
                    responses: ResponsesModel | MessagesModel | None = None) -> None:
     """One row. With `responses`, the agent speaks the Responses or the Messages API to it and `model` only
@@ -67,7 +55,7 @@ async def scenario(label: str, model: WindowedModel, window: int, drive: Drive,
     settings = settings_from_mapping({"upstream": {"base_url": f"{url}/v1"},
                                       "models": {"default": {"context_window": window}}}, env={})
     proxy = await start_server(settings, host="127.0.0.1", port=0)
-    lines = Lines()
+    lines = tool_stages.Events()
     logger = logging.getLogger("proxy.compaction")
     logger.addHandler(lines)
     logger.setLevel(logging.INFO)
