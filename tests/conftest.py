@@ -11,8 +11,9 @@ import tiktoken
 import tiktoken.load
 
 from proxy.app import RunningServer, start_server
-from proxy.config import Settings, settings_from_mapping
+from proxy.config import Settings, UpstreamConfig, settings_from_mapping
 from proxy.core.encodings import BUNDLED_ENCODING, clear_encoding_cache
+from proxy.upstream.upstream import Upstream, create_session
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
 from tests.fakes.serving import deep_merge, serve_app
 
@@ -29,6 +30,14 @@ async def fake() -> AsyncIterator[FakeUpstream]:
     state.url = url
     yield state
     await runner.cleanup()
+
+
+@pytest.fixture
+async def upstream(fake: FakeUpstream) -> AsyncIterator[Upstream]:
+    """The proxy's own upstream client, pointed at the fake (for units that call a model without a proxy)."""
+    config = UpstreamConfig(base_url=f"{fake.url}/v1")
+    async with create_session(config) as session:
+        yield Upstream(session, config)
 
 
 @pytest.fixture

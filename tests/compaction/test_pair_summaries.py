@@ -18,7 +18,6 @@ import pytest
 from aiohttp import web
 
 from proxy.compaction.pair_summaries import RECORD_PREFIX, PairSummaries
-from proxy.config import UpstreamConfig
 from proxy.core.messages import Message
 from proxy.core.pair_policy import PairSummaryPolicy
 from proxy.core.tokens import TokenCounter
@@ -30,7 +29,7 @@ from proxy.store.sqlite_store import SqliteStore
 from proxy.store.store import CompactedPrefix, MemoryStore, SummaryStore
 from proxy.summarizer.model_client import ModelClient
 from proxy.summarizer.templates import Templates
-from proxy.upstream.upstream import Upstream, create_session
+from proxy.upstream.upstream import Upstream
 from tests.fakes.openai_upstream import FakeUpstream, completion
 
 WINDOW = 8000
@@ -71,13 +70,6 @@ def summariser(fake: FakeUpstream) -> Summariser:
     server = Summariser()
     fake.chat_hook = server
     return server
-
-
-@pytest.fixture
-async def upstream(fake: FakeUpstream) -> AsyncIterator[Upstream]:
-    config = UpstreamConfig(base_url=f"{fake.url}/v1")
-    async with create_session(config) as session:
-        yield Upstream(session, config)
 
 
 @pytest.fixture(params=["memory", "sqlite"])

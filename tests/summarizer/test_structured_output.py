@@ -6,7 +6,7 @@ import json
 import logging
 import random
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.config import ConfigError, SummarizerConfig, UpstreamConfig, settings_from_mapping
+from proxy.config import ConfigError, SummarizerConfig, settings_from_mapping
 from proxy.core.tokens import TokenCounter
 from proxy.summarizer.model_client import ModelClient
 from proxy.summarizer.structured_output import FormatMemory, refuses, response_format
@@ -80,13 +80,6 @@ def summariser(fake: FakeUpstream) -> Summariser:
     server = Summariser()
     fake.chat_hook = server
     return server
-
-
-@pytest.fixture
-async def upstream(fake: FakeUpstream) -> AsyncIterator[Upstream]:
-    config = UpstreamConfig(base_url=f"{fake.url}/v1")
-    async with create_session(config) as session:
-        yield Upstream(session, config)
 
 
 ClientFactory = Callable[..., ModelClient]
