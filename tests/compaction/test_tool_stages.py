@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.compaction.tool_stages import pair_policy
+from proxy.compaction.tool_stages import _Reported, pair_policy
 from proxy.config import settings_from_mapping
+from proxy.summarizer import evidence
 
 
 @pytest.mark.parametrize(("summarizer_timeout", "pairs"), [
@@ -20,3 +21,16 @@ def test_a_batch_may_take_as_long_as_a_summary(summarizer_timeout: float | None,
     policy = pair_policy(settings)
     assert policy.timeout == settings.compaction.summarizer.timeout
     assert {key: getattr(policy, key) for key in pairs} == pairs and policy.enabled
+
+
+@pytest.mark.parametrize("text", ["E   ReconcileError: E1464 dup\nok", "PORT=8080\nHOST=a", "nothing to say", ""])
+def test_what_a_result_reported_is_remembered_as_evidence_reads_it(text: str) -> None:
+    remembered = _Reported(size=2)
+    assert remembered(text) == remembered("".join(list(text))) == evidence.reported(text)  # a fresh copy too
+
+
+def test_the_memory_of_reports_is_bounded_oldest_first() -> None:
+    remembered = _Reported(size=2)
+    for text in ("error: one", "error: two", "error: one", "error: three"):
+        remembered(text)
+    assert list(remembered._known) == [hash("error: one"), hash("error: three")]  # "two" was the oldest
