@@ -108,7 +108,8 @@ class PairSummaries:
             return Swapped(messages)
         rounds = self._candidates(messages)
         if within is not None:
-            rounds = [tool_round for tool_round in rounds if set(tool_round.result_indices) <= set(within)]
+            where = frozenset(within)
+            rounds = [tool_round for tool_round in rounds if where.issuperset(tool_round.result_indices)]
         known = await self._lookup(namespace, rounds) if rounds else {}
         swaps: list[Swap] = []
         mismatches = 0
@@ -147,9 +148,10 @@ class PairSummaries:
         flight = f"{namespace}:{rounds[0].key}"  # one batch at a time per conversation
         if (running := self._flights.running(flight)) is not None:
             return running
+        left = frozenset(passed)
         due = [tool_round for tool_round in self._candidates(messages, rounds)
                if not self._settled(self._recall(namespace, tool_round.key), messages, tool_round)
-               and not set(tool_round.call_ids) & set(passed)]
+               and left.isdisjoint(tool_round.call_ids)]
         if not self._due(due, window):
             return None
         decision = self._backoff.decide(flight)
