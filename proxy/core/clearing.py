@@ -89,9 +89,9 @@ def cleared(messages: Sequence[Message], rule: ClearingRule, count: Count, *, ro
 
 def _cut(results: list[_Result], sizes: list[int], saving: list[int], rule: ClearingRule, room: int) -> int:
     """How many of `results` are cleared: the conversation replayed message by message; whenever the total passes
-    `room`, the cut moves to all but the last results kept (`keep`, at most half the room of them, the latest
-    round's always; at most a quarter of the room), if that frees `clear_at_least` and half the room — so a clearing
-    is a large step, and the conversation has half the room or more to grow back into before the next one."""
+    `room`, the cut moves to all but the last results kept (`keep` at most, within a quarter of the room, the
+    latest round's always), if that frees `clear_at_least` and half the room — so a clearing is a large step, and
+    the conversation has half the room or more to grow back into before the next one."""
     saved = [0, *itertools.accumulate(saving)]  # saved[k]: what clearing the first k results frees
     least = max(rule.clear_at_least, room // 2, 1)
     cut = seen = total = 0
