@@ -189,15 +189,9 @@ class Replicate:
             if (cycle := points.get(turn.point)) is not None:
                 print(f"  turn at message {turn.point}: {turn.compaction} (proxy arm's summary {cycle})", flush=True)
                 history = self.conversation.messages[:turn.point + 1]
-                facts = planted_by(self.conversation, turn.point)
-                started = time.monotonic()
-                for fact in facts:
-                    answer = await ask(via_stages, self.model, [*history, probe_message(fact)], PROBE_MAX_TOKENS)
-                    self.probes.append(probe_record(fact, "stages", answer, grade(answer.content, fact), cycle=cycle,
-                                                    replicate=self.seed, prompt_messages=len(history) + 1,
-                                                    point=turn.point, truncated=False))
-                correct = sum(p["correct"] for p in self.probes[-len(facts):])
-                print(f"    stages: {correct}/{len(facts)} ({time.monotonic() - started:.0f}s)", flush=True)
+                # The whole history is what this arm sends: nothing of it is truncated.
+                await self._probe_arm("stages", via_stages, cycle, history, history,
+                                      planted_by(self.conversation, turn.point))
             if turn.point >= max(points):
                 return
 
@@ -239,18 +233,25 @@ class Replicate:
                 continue
             if arm == "naive":
                 await self.naive.update(direct, self.model, history, len(history) - 1 - len(tail))
-            for fact in facts:
-                messages = self._arm_messages(arm, history, tail, fact)
-                answer = await ask(via_proxy if arm == "proxy" else direct, self.model, messages, PROBE_MAX_TOKENS)
-                self.probes.append(probe_record(fact, arm, answer, grade(answer.content, fact), cycle=cycle,
-                                                replicate=self.seed, prompt_messages=len(messages),
-                                                point=len(history) - 1, truncated=history[fact.index] not in tail))
-            correct = sum(p["correct"] for p in self.probes[-len(facts):])
-            print(f"    {arm:5s}: {correct}/{len(facts)} ({time.monotonic() - started:.0f}s)", flush=True)
+            await self._probe_arm(arm, via_proxy if arm == "proxy" else direct, cycle, history, tail, facts,
+                                  started=started)
+
+    async def _probe_arm(self, arm: str, client: openai.AsyncOpenAI, cycle: int, history: list[Message],
+                         tail: list[Message], facts: list[Fact], *, started: float | None = None) -> None:
+        """One probe per fact through `client`, as `arm` sends it, graded and recorded; a line of the tally."""
+        started = time.monotonic() if started is None else started
+        for fact in facts:
+            messages = self._arm_messages(arm, history, tail, fact)
+            answer = await ask(client, self.model, messages, PROBE_MAX_TOKENS)
+            self.probes.append(probe_record(fact, arm, answer, grade(answer.content, fact), cycle=cycle,
+                                            replicate=self.seed, prompt_messages=len(messages),
+                                            point=len(history) - 1, truncated=history[fact.index] not in tail))
+        correct = sum(p["correct"] for p in self.probes[-len(facts):])
+        print(f"    {arm:5s}: {correct}/{len(facts)} ({time.monotonic() - started:.0f}s)", flush=True)
 
     def _arm_messages(self, arm: str, history: list[Message], tail: list[Message], fact: Fact) -> list[Message]:
         probe = probe_message(fact)
-        if arm in ("proxy", "full"):
+        if arm in ("proxy", "stages", "full"):
             return [*history, probe]
         if arm == "tail":
             return [history[0], *tail, probe]
