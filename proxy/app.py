@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from proxy.compaction.recorder import Recorder
 from proxy.compaction.runtime import (
     RuntimeSlot,
     Shared,
@@ -21,7 +22,7 @@ from proxy.core.calibration import Calibration
 from proxy.core.history_index import HistoryIndex
 from proxy.core.tokens import TokenCounter
 from proxy.dialects.catalog import ROUTES
-from proxy.http import handlers
+from proxy.http import handlers, journal_api
 from proxy.http.appkeys import METRICS, RUNTIME, SETTINGS
 from proxy.http.middleware import count_requests, openai_errors, require_proxy_key
 from proxy.http.paths import refuse_escaping_paths
@@ -32,6 +33,7 @@ from proxy.http.routes import COMPACT_PATH, COUNT_TOKENS_PATH
 from proxy.http.server_timeouts import REFUSED_BODY_LINGER, GuardedAppRunner
 from proxy.metrics import Metrics
 from proxy.store.flights import open_flights
+from proxy.store.journals import open_journal
 from proxy.store.store_timing import TimedStore
 from proxy.store.stores import open_store
 from proxy.upstream.upstream import create_session
@@ -62,6 +64,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/healthz", handlers.healthz)
     app.router.add_get("/readyz", handlers.readyz)
     app.router.add_get("/metrics", handlers.metrics)
+    journal_api.add_routes(app)
     for path, dialect in ROUTES.items():
         app.router.add_post(path, handlers.compacting(dialect))
     app.router.add_post(COMPACT_PATH, handlers.responses_compact)
@@ -80,14 +83,21 @@ async def _shared_and_runtime(app: web.Application) -> AsyncIterator[None]:
     # A waiter gives up on another replica's summary after the summariser's own deadline plus one lease expiry.
     flights = open_flights(store, on_error=count_store_error,
                            max_wait=settings.compaction.summarizer.timeout + settings.store.lock_ttl_seconds)
+    journal = open_journal(settings.store, settings.journal, on_error=count_store_error) \
+        if settings.journal.enabled else None
+    recorder = Recorder(journal, on_error=count_store_error)
     async with create_session(settings.upstream) as session:
         counter = TokenCounter()
-        shared = Shared(session, store, TrackedFlights(flights), metrics, counter, Calibration(), HistoryIndex(counter))
+        shared = Shared(session, store, TrackedFlights(flights), metrics, counter, Calibration(), HistoryIndex(counter),
+                        recorder)
         app[RUNTIME].install(shared, build_runtime(settings, shared, load_templates(settings)))
         try:
             yield
         finally:
             await app[RUNTIME].close()
+            await recorder.drain()
+            if journal is not None:
+                await journal.close()
             await store.close()
 
 

@@ -271,6 +271,20 @@ def _url_has_password(url: str) -> bool:
     return ":" in authority.rpartition("@")[0] or any(part.startswith("password=") for part in query.split("&"))
 
 
+class JournalConfig(_Frozen):
+    """The compaction journal: what each conversation was sent instead, kept in the configured store."""
+
+    enabled: bool = True
+    # Events in all (summaries, stage events, failures): past this the oldest goes first.
+    max_events: int = Field(10000, ge=1)
+    # Conversations listed: past this the least recently seen goes, with its requests.
+    max_conversations: int = Field(2000, ge=1)
+    # Requests kept per conversation (the points of its chart): past this the oldest goes.
+    max_points: int = Field(500, ge=1)
+    # Seconds an entry is kept; unset = the store's ttl_seconds.
+    ttl_seconds: float | None = Field(None, gt=0)
+
+
 class LoggingConfig(_Frozen):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # "json": every line one JSON object (time, level, logger, then an event's own fields or `message`), for a log
@@ -334,6 +348,7 @@ class Settings(_Frozen):
     compaction: CompactionConfig = Field(default_factory=CompactionConfig, validate_default=True)
     models: dict[str, ModelConfig] = Field(default_factory=_default_models)
     store: StoreConfig = StoreConfig()
+    journal: JournalConfig = JournalConfig()
     logging: LoggingConfig = LoggingConfig()
     dialects: DialectsConfig = DialectsConfig()
 

@@ -45,6 +45,18 @@ class Unauthorized(ProxyError):
     code = "invalid_api_key"
 
 
+class NotFound(ProxyError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+
+
+class ServiceUnavailable(ProxyError):
+    status = 503
+    error_type = "proxy_error"
+    code = "journal_unavailable"
+
+
 class PayloadTooLarge(ProxyError):
     status = 413
     error_type = "invalid_request_error"

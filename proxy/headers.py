@@ -17,6 +17,8 @@ CLEARED = "x-compaction-cleared"  # stage 1: how many old tool results were clea
 CLEARED_TOKENS = "x-compaction-cleared-tokens"  # and the tokens that freed
 PAIR_SUMMARIES = "x-compaction-pair-summaries"  # stage 2: how many old tool rounds went as their stored summaries
 REASON = "x-compaction-reason"
+# The journal event of the summary (or tool-result stage) in the request forwarded: GET /_proxy/api/events/{id}.
+COMPACTION_ID = "x-compaction-id"
 COUNTED_BY = "x-compaction-counted-by"  # "proxy" on a token count the proxy estimated (the upstream has none)
 # What each context-management edit a client asked of the proxy did: `edit=outcome` pairs, comma-separated.
 EDITS = "x-compaction-edits"
@@ -35,6 +37,7 @@ COUNTS = {TOKENS_BEFORE: "tokens_before", TOKENS_AFTER: "tokens_after", SHADOW_T
           SHADOW_TOKENS_AFTER: "shadow_tokens_after", ELIDED: "elided", CLEARED: "cleared",
           CLEARED_TOKENS: "cleared_tokens", PAIR_SUMMARIES: "pair_summaries"}
 _REASON = re.compile(r"[a-z_]{1,40}")
+_ID = re.compile(r"[0-9a-f]{1,64}")
 _MAX_DIGITS = 12
 
 
@@ -56,6 +59,9 @@ def log_fields(headers: Mapping[str, str]) -> dict[str, str | int]:
         count = headers.get(header, "")
         if count.isascii() and count.isdigit() and len(count) <= _MAX_DIGITS:
             fields[name] = int(count)
+    compaction_id = headers.get(COMPACTION_ID, "")
+    if _ID.fullmatch(compaction_id):
+        fields["compaction_id"] = compaction_id
     reason = headers.get(REASON, "")
     if _REASON.fullmatch(reason):
         fields["compaction_reason"] = reason

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -132,6 +133,26 @@ class Metrics:
     def store_errors_counter(self) -> Callable[[str], None]:
         """A callback for the summary store and flights: one failed operation ("lookup", "put", "acquire") counted."""
         return lambda operation: self.store_errors.labels(operation).inc()
+
+    def summary(self) -> dict[str, Any]:
+        """The few counters the dashboard shows, summed over labels (and over workers, as /metrics is)."""
+        found: dict[str, Any] = {"requests": 0, "compactions": {}, "failures": 0,
+                                 "summarizer_seconds": {"count": 0, "sum": 0.0}}
+        for family in self._exposed.collect():
+            for sample in family.samples:
+                name, value = sample.name, sample.value
+                if name == "compaction_proxy_requests_total":
+                    found["requests"] += int(value)
+                elif name == "compaction_proxy_compactions_total":
+                    trigger = sample.labels.get("trigger", "")
+                    found["compactions"][trigger] = found["compactions"].get(trigger, 0) + int(value)
+                elif name == "compaction_proxy_compaction_failures_total":
+                    found["failures"] += int(value)
+                elif name == "compaction_proxy_compaction_seconds_count":
+                    found["summarizer_seconds"]["count"] += int(value)
+                elif name == "compaction_proxy_compaction_seconds_sum":
+                    found["summarizer_seconds"]["sum"] += float(value)
+        return found
 
     def exposition(self) -> bytes:
         return generate_latest(self._exposed)

@@ -4,12 +4,14 @@ access log's tokens_before/tokens_after are the headers' whole-request figures."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from proxy import headers as h
@@ -80,3 +82,38 @@ async def test_real_answers_and_lines_use_only_documented_names(
         line = by_id[headers["x-request-id"]]
         for header, field in ((h.TOKENS_BEFORE, "tokens_before"), (h.TOKENS_AFTER, "tokens_after")):
             assert line.get(field) == (int(headers[header]) if header in headers else None)
+
+
+async def test_every_metric_served_is_documented_and_no_other(proxy: Any) -> None:
+    async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/metrics") as response:
+        exposition = await response.text()
+    served = set()
+    for kind_line in re.findall(r"^# TYPE (\S+) (\S+)$", exposition, re.MULTILINE):
+        name, kind = kind_line
+        if name.endswith("_created"):  # prometheus-client's creation time of each series, not a metric of ours
+            continue
+        served.add(f"{name}_total" if kind == "counter" and not name.endswith("_total") else name)
+    assert served == table("Metrics")
+
+
+async def test_journal_entries_use_only_documented_names(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    fake.chat_hook = WindowedModel(window=4000)
+    proxy = await make_proxy({"models": {"default": {"context_window": 4000}}})
+    client = async_client(proxy.url, api_key="sk-names")
+    raw = await client.chat.completions.with_raw_response.create(
+        model="fake-small", messages=big_history(3), extra_headers={"x-compaction-mode": "force"})
+    event_id = raw.headers["x-compaction-id"]
+    auth = {"Authorization": "Bearer sk-names"}
+    async with aiohttp.ClientSession(headers=auth) as session:
+        for _ in range(100):
+            async with session.get(f"{proxy.url}/_proxy/api/events/{event_id}") as response:
+                if response.status == 200:
+                    event = await response.json()
+                    break
+            await asyncio.sleep(0.02)
+        async with session.get(f"{proxy.url}/_proxy/api/conversations/{event['conversation']}") as response:
+            detail = await response.json()
+    assert set(event) <= table("Journal event fields")
+    assert set().union(*detail["events"]) <= table("Journal event fields")
+    assert detail["points"] and set().union(*detail["points"]) <= table("Journal point fields")
+    assert detail["points"][-1]["event_id"] == event_id

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
+from proxy.compaction.recorder import Origin, Recorder, failure_event, summary_event
 from proxy.config import Settings
 from proxy.core import budget
 from proxy.core.backoff import Backoff, shrink
@@ -99,8 +100,9 @@ class Flight:
 class Compactor:
     def __init__(self, settings: Settings, store: SummaryStore, counter: TokenCounter, templates: Templates,
                  metrics: Metrics, model_factory: ModelFactory, calibration: Calibration | None = None,
-                 flights: Flights | None = None) -> None:
+                 flights: Flights | None = None, recorder: Recorder | None = None) -> None:
         self._settings = settings
+        self._recorder = recorder or Recorder(None)
         self._calibration = calibration or Calibration()
         self._store = store
         self._counter = counter
@@ -167,11 +169,11 @@ class Compactor:
 
     async def compact(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
                       headers: Mapping[str, str], overhead: int = 0, force: bool = False,
-                      tools: Any = None, instructions: str | None = None) -> Outcome:
+                      tools: Any = None, instructions: str | None = None, origin: Origin | None = None) -> Outcome:
         """Summarise what the plan gives up, once per prefix; `force` summarises even where it saves nothing;
-        `instructions` are the client's for its summary."""
+        `instructions` are the client's for its summary; `origin` names the request in the journal."""
         begun = self.begin(conversation, limits, model=model, trigger=trigger, headers=headers, overhead=overhead,
-                           force=force, tools=tools, instructions=instructions)
+                           force=force, tools=tools, instructions=instructions, origin=origin)
         if isinstance(begun, str):
             return Outcome(None, begun)
         try:
@@ -186,7 +188,8 @@ class Compactor:
 
     def begin(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
               headers: Mapping[str, str], answer_tokens: int | None = None, overhead: int = 0,
-              force: bool = False, tools: Any = None, instructions: str | None = None) -> Flight | str:
+              force: bool = False, tools: Any = None, instructions: str | None = None,
+              origin: Origin | None = None) -> Flight | str:
         """Plan and claim the summary now (no await), so a request arriving next finds it in flight.
 
         `tools` are the request's own, for a prefix-layout summariser request. Returns the flight, or the reason
@@ -212,7 +215,7 @@ class Compactor:
                    summary_tokens=shrink(plan.summary_tokens, decision.level, MIN_RETRY_SUMMARY_TOKENS),
                    level=decision.level, prefix=self._prefix(conversation, plan, model, tools),
                    ratio=self._calibration.ratio(model),
-                   source=tuple(conversation.original[:prefix_len]), instructions=instructions)
+                   source=tuple(conversation.original[:prefix_len]), instructions=instructions, origin=origin)
         # The flight looks for a stored record first, and stores what _summarise returns (fenced, across replicas).
         return Flight(self._flights.start(conversation.namespace, prefix_hash, lambda: self._summarise(job)),
                       prefix_len)
@@ -329,6 +332,10 @@ class Compactor:
                              "summarizer_prompt_tokens": summary.usage.get("prompt_tokens", 0),
                              "summarizer_completion_tokens": summary.usage.get("completion_tokens", 0),
                              "structured": summary.structured is not None, "duration_ms": round(seconds * 1000, 1)}))
+        if (origin := job.origin) is not None:
+            self._recorder.safely("journal_summary", lambda: self._recorder.record(summary_event(
+                origin, namespace=job.namespace, trigger=job.trigger, limits=job.limits, plan=job.plan,
+                record=record, source=job.source, summary=summary, ratio=job.ratio, seconds=seconds)))
 
     def _account_failure(self, job: _Job, error: Exception, seconds: float) -> None:
         calls, usage = (error.calls, error.usage) if isinstance(error, SummarizerError) else (0, {})
@@ -340,6 +347,10 @@ class Compactor:
                                 "summarizer_prompt_tokens": usage.get("prompt_tokens", 0),
                                 "summarizer_completion_tokens": usage.get("completion_tokens", 0),
                                 "duration_ms": round(seconds * 1000, 1)}))
+        if (origin := job.origin) is not None:
+            self._recorder.safely("journal_failure", lambda: self._recorder.record(failure_event(
+                origin, trigger=job.trigger, limits=job.limits, plan=job.plan, source=job.source, model=job.model,
+                error=error, calls=calls, usage=dict(usage), seconds=seconds)))
 
 
 @dataclass(frozen=True)
@@ -361,6 +372,7 @@ class _Job:
     source: tuple[Message, ...] = ()  # the client's messages the summary stands in for
     ratio: float = 1.0  # the upstream's tokens per token of ours (the calibration), as the plan was counted with
     instructions: str | None = None  # the client's own for its summary (Anthropic's compaction `instructions`)
+    origin: Origin | None = None  # the request it is made for, as the journal names it
 
     def upstream_tokens(self, tokens: int) -> int:
         """`tokens` of our own count in the upstream's, the unit of the window and of the plan."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from proxy.compaction.compactor import Conversation
+from proxy.compaction.recorder import Origin
 from proxy.core.budget import Limits
 from proxy.core.clearing import Cleared
 from proxy.core.history_index import History
@@ -40,6 +41,7 @@ class Journey(Generic[C]):
     cleared: Cleared | None = None  # stage 1: old tool results cleared in what is forwarded
     forwarded: list[Message] = field(default_factory=list)
     counted: tuple[list[Message], list[int]] | None = None  # token counts of the last messages counted
+    origin: Origin | None = None  # the request as the journal names it; None without a journal
 
 
 class Serving(Protocol):

@@ -16,6 +16,8 @@ from multidict import CIMultiDict
 from proxy.compaction import edit_report
 from proxy.compaction.compactor import Compactor, Conversation, Flight
 from proxy.compaction.journey import C, Journey
+from proxy.compaction.journey_tokens import JourneyTokens
+from proxy.compaction.recorder import Origin, Recorder, origin_of
 from proxy.compaction.tool_stages import ToolStages
 from proxy.config import TARGET_SHARE_OF_THRESHOLD, Settings
 from proxy.core import budget
@@ -23,7 +25,6 @@ from proxy.core.budget import Limits
 from proxy.core.calibration import Calibration
 from proxy.core.elision import elide_oversized
 from proxy.core.history_index import HistoryIndex
-from proxy.core.messages import Message
 from proxy.core.plan import last_input_tokens
 from proxy.core.tenants import namespace_for
 from proxy.core.tokens import TokenCounter
@@ -61,7 +62,7 @@ class Pipeline(Generic[C]):
     def __init__(self, dialect: Dialect[C], settings: Settings, upstream: Upstream, compactor: Compactor,
                  counter: TokenCounter, calibration: Calibration, windows: ContextWindows, metrics: Metrics,
                  history: HistoryIndex | None = None, count: Callable[[str], None] | None = None,
-                 stages: ToolStages | None = None) -> None:
+                 stages: ToolStages | None = None, recorder: Recorder | None = None) -> None:
         """`count` sees what compaction did for each answer (x-compaction), for a dialect's own counter; `stages`
         are the tool-result stages (without: clearing only, no pair summaries)."""
         self._settings = settings
@@ -76,6 +77,8 @@ class Pipeline(Generic[C]):
         self._metrics = metrics
         self._history = history or HistoryIndex(counter)
         self._background: set[asyncio.Task[Any]] = set()
+        self._recorder = recorder or Recorder(None)
+        self._tokens = JourneyTokens(counter, calibration, self._stages)
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> C:
         """The client's request as its dialect reads it (BadRequest when it cannot)."""
@@ -149,7 +152,7 @@ class Pipeline(Generic[C]):
     def summary_usage(self, journey: Journey[C]) -> Usage:
         """What a requested compaction reports: the conversation's tokens before, the summary's after."""
         record = journey.conversation.record
-        return Usage(self._original_estimate(journey), record.tokens_after if record else 0)
+        return Usage(self._tokens.original(journey), record.tokens_after if record else 0)
 
     def _mode(self, call: C) -> str:
         return call.mode or self._settings.compaction.mode
@@ -189,7 +192,14 @@ class Pipeline(Generic[C]):
         await self._windows.prepare(call.model, self._settings.compaction.summarizer.model or call.model,
                                     headers=call.headers)
         return Journey(call, view, conversation, self._limits(call), history, self._raw_overhead(call),
-                       trigger="reused" if conversation.record else "none")
+                       trigger="reused" if conversation.record else "none", origin=self._origin(call, conversation))
+
+    def _origin(self, call: C, conversation: Conversation) -> Origin | None:
+        """The request as the journal names it; None without a journal."""
+        if not self._recorder.enabled:
+            return None
+        return origin_of(call.headers, self._settings.server.tenant_header, conversation.backoff_key,
+                         self._dialect.name, call.model or "")
 
     async def _journey(self, call: C, view: View, stack: AsyncExitStack) -> Answer:
         started = time.perf_counter()
@@ -197,7 +207,7 @@ class Pipeline(Generic[C]):
         await self._stages.shape(journey)
         summarising = 0.0
         forced = self._mode(call) == "force"
-        if forced or budget.over_threshold(journey.limits, self._estimate(journey)):
+        if forced or budget.over_threshold(journey.limits, self._tokens.estimate(journey)):
             compacting = time.perf_counter()
             await self._compact(journey, "forced" if forced else "proactive")
             summarising = time.perf_counter() - compacting
@@ -208,7 +218,8 @@ class Pipeline(Generic[C]):
         attempt = await self._send(journey, stack)
         if attempt.overflow:
             self._metrics.overflow_errors.labels("first").inc()
-        if attempt.overflow or (attempt.empty_stream and budget.near_window(journey.limits, self._estimate(journey))):
+        near = attempt.empty_stream and budget.near_window(journey.limits, self._tokens.estimate(journey))
+        if attempt.overflow or near:
             attempt = await self._react(journey, attempt, stack)
         return self._finish(call, attempt, self._headers(journey), hide_usage=self._inject_usage(call),
                             journey=journey)
@@ -217,7 +228,7 @@ class Pipeline(Generic[C]):
         """Decide as the real journey would, report it, and forward the request exactly as the client sent it."""
         journey = await self._begin(call, view)
         conversation = journey.conversation
-        before = self._estimate(journey)
+        before = self._tokens.estimate(journey)
         decision = "reused" if conversation.record else "none"
         if budget.over_threshold(journey.limits, before):
             decision = "proactive"
@@ -227,7 +238,8 @@ class Pipeline(Generic[C]):
             decision = "reactive"
             journey.limits = replace(journey.limits, window=min(journey.limits.window, before + journey.limits.reserve))
         headers = {COMPACTION: "none", SHADOW: decision}
-        plan = self._compactor.plan(conversation, journey.limits, model=call.model, overhead=self._overhead(journey)) \
+        plan = self._compactor.plan(conversation, journey.limits, model=call.model,
+                                    overhead=self._tokens.overhead(journey)) \
             if decision in ("proactive", "reactive") else None
         fillers = self._compactor.filler_tokens(conversation.messages)
         if plan is not None and plan.worthwhile(fillers):
@@ -236,6 +248,9 @@ class Pipeline(Generic[C]):
             headers[SHADOW_TOKENS_AFTER] = str(before - saved)
             self._metrics.shadow_saved_tokens.inc(saved)
         self._metrics.shadow_decisions.labels(decision).inc()
+        if (origin := journey.origin) is not None:
+            self._recorder.safely("journal_shadow", lambda: self._recorder.shadow(
+                origin, headers, limits=journey.limits, tokens_before=before))
         log.info(json.dumps({"event": "compaction_shadow", "request_id": current_request_id(), "decision": decision,
                              "tokens_before": before, **(plan.as_log() if plan is not None else {})}))
         return self._finish(call, attempt, headers, hide_usage=False)
@@ -246,11 +261,11 @@ class Pipeline(Generic[C]):
             journey.limits = self._limits(journey.call)
         if journey.failed:
             return first
-        before = self._estimate(journey)
+        before = self._tokens.estimate(journey)
         # The upstream just refused this prompt: whatever window is known, the real one is smaller than the
         # request, so plan within that.
         journey.limits = replace(journey.limits, window=min(journey.limits.window, before + journey.limits.reserve))
-        if not await self._compact(journey, "reactive") and self._estimate(journey) >= before:
+        if not await self._compact(journey, "reactive") and self._tokens.estimate(journey) >= before:
             journey.failed = True  # nothing could make the request smaller: the upstream's answer stands
             return first
         try:
@@ -272,13 +287,14 @@ class Pipeline(Generic[C]):
         A summary that failed or is backed off marks the journey failed: it is not tried again for this request.
         """
         if not journey.tokens_before:
-            journey.tokens_before = self._original_estimate(journey)
+            journey.tokens_before = self._tokens.original(journey)
         outcome = await self._compactor.compact(journey.conversation, journey.limits, model=journey.call.model,
                                                 trigger=trigger, headers=journey.call.headers,
-                                                overhead=self._overhead(journey),
+                                                overhead=self._tokens.overhead(journey),
                                                 force=force or self._mode(journey.call) == "force",
                                                 tools=self._dialect.tools(journey.call),
-                                                instructions=journey.call.summary_instructions)
+                                                instructions=journey.call.summary_instructions,
+                                                origin=journey.origin)
         if outcome.record is not None:
             journey.conversation = Conversation(journey.conversation.original, journey.conversation.chain,
                                                 journey.conversation.namespace, outcome.record)
@@ -299,37 +315,8 @@ class Pipeline(Generic[C]):
         journey.forwarded = elided.messages
         journey.elided = elided.count
 
-    def _messages(self, journey: Journey[C]) -> list[Message]:
-        return journey.forwarded if journey.elided else self._stages.base(journey)
-
-    def _estimate(self, journey: Journey[C]) -> int:
-        return self._calibration.adjust(journey.call.model, self._raw_estimate(journey))
-
-    def _raw_estimate(self, journey: Journey[C]) -> int:
-        return sum(self._message_tokens(journey)) + journey.overhead
-
-    def _message_tokens(self, journey: Journey[C]) -> list[int]:
-        """Token counts of the messages as they will be forwarded, counted once per shape of the journey."""
-        messages = self._messages(journey)
-        if journey.counted is not None and journey.counted[0] is messages:
-            return journey.counted[1]
-        conversation, read = journey.conversation, journey.history.tokens
-        if journey.elided or journey.cleared or journey.swapped:
-            tokens = self._counter.count_each(messages)
-        elif conversation.record is None:
-            tokens = read
-        else:  # the replacement, then the client's own messages after the stored prefix, already counted
-            tokens = [*self._counter.count_each(conversation.record.replacement),
-                      *read[conversation.record.prefix_len:]]
-        journey.counted = (messages, tokens)
-        return tokens
-
     def _raw_overhead(self, call: C) -> int:
         return self._dialect.overhead(call, self._counter)
-
-    def _overhead(self, journey: Journey[C]) -> int:
-        """What the request costs besides its messages: tool definitions and the reply primer."""
-        return self._calibration.adjust(journey.call.model, journey.overhead)
 
     def _inject_usage(self, call: C) -> bool:
         return call.stream and self._settings.compaction.background and not self._dialect.asks_usage(call)
@@ -340,15 +327,15 @@ class Pipeline(Generic[C]):
         inject_usage = self._inject_usage(call)
         if journey.conversation.record is not None or journey.elided or journey.cleared or journey.swapped \
                 or inject_usage:
-            body = self._dialect.forwarded(call, journey.view, self._messages(journey), ask_usage=inject_usage)
+            body = self._dialect.forwarded(call, journey.view, self._tokens.messages(journey), ask_usage=inject_usage)
         return await self._forward(call, stack, body)
 
     def _headers(self, journey: Journey[C]) -> dict[str, str]:
         headers = {COMPACTION: "failed" if journey.failed else journey.trigger,
                    **self._edits_told(journey.call, journey.trigger, failed=journey.failed)}
         if journey.conversation.record is not None or journey.elided:
-            headers[TOKENS_BEFORE] = str(journey.tokens_before or self._original_estimate(journey))
-            headers[TOKENS_AFTER] = str(self._estimate(journey))
+            headers[TOKENS_BEFORE] = str(journey.tokens_before or self._tokens.original(journey))
+            headers[TOKENS_AFTER] = str(self._tokens.estimate(journey))
         if journey.elided:
             headers[ELIDED] = str(journey.elided)
         if journey.cleared and journey.cleared.results:  # (told once per answer, so counted here)
@@ -358,7 +345,19 @@ class Pipeline(Generic[C]):
             headers[PAIR_SUMMARIES] = str(journey.swapped.applied)
         if journey.reason is not None:
             headers[REASON] = journey.reason
+        self._journal(journey, headers)
         return headers
+
+    def _journal(self, journey: Journey[C], headers: dict[str, str]) -> None:
+        """The request in the journal, and x-compaction-id on its answer (see Recorder.request)."""
+        if (origin := journey.origin) is None:
+            return
+        record, freed = journey.conversation.record, journey.cleared.freed if journey.cleared else 0
+        summary = (journey.conversation.namespace, record.prefix_hash) if record is not None else None
+        self._recorder.safely("journal_request", lambda: self._recorder.request(
+            origin, headers, summary=summary, limits=journey.limits, freed=freed,
+            tokens_before=journey.tokens_before or self._tokens.original(journey),
+            tokens_after=self._tokens.estimate(journey)))
 
     def _edits_told(self, call: C, trigger: str, *, failed: bool) -> dict[str, str]:
         """What the client's context edits did (`trigger` "off": the proxy may not compact this request)."""
@@ -366,9 +365,6 @@ class Pipeline(Generic[C]):
         if call.compact_threshold is not None or call.compaction_requested:
             outcomes[edit_report.COMPACTION] = edit_report.compaction_outcome(trigger, failed)
         return edit_report.report_edits(outcomes, self._dialect.name, self._metrics)
-
-    def _original_estimate(self, journey: Journey[C]) -> int:
-        return self._calibration.adjust(journey.call.model, sum(journey.history.tokens) + journey.overhead)
 
     def _finish(self, call: C, attempt: Attempt, headers: dict[str, str], *, hide_usage: bool,
                 journey: Journey[C] | None = None) -> Answer:
@@ -401,9 +397,9 @@ class Pipeline(Generic[C]):
         if usage is None or not usage.input_tokens:
             return
         prompt_tokens = usage.input_tokens
-        self._calibration.observe(journey.call.model, self._raw_estimate(journey), prompt_tokens)
+        self._calibration.observe(journey.call.model, self._tokens.raw_estimate(journey), prompt_tokens)
         answer = usage.output_tokens or 0
-        next_input = last_input_tokens(self._messages(journey), self._message_tokens(journey))
+        next_input = last_input_tokens(self._tokens.messages(journey), self._tokens.message_tokens(journey))
         # The next turn resends this prompt and answer plus one more input: if that will pass the threshold,
         # build its summary now so the next request finds it ready.
         growth = budget.next_turn_growth(next_input, answer)
@@ -416,9 +412,9 @@ class Pipeline(Generic[C]):
         try:
             begun = self._compactor.begin(journey.conversation, journey.limits, model=journey.call.model,
                                           trigger="background", headers=journey.call.headers,
-                                          answer_tokens=answer_tokens, overhead=self._overhead(journey),
+                                          answer_tokens=answer_tokens, overhead=self._tokens.overhead(journey),
                                           tools=self._dialect.tools(journey.call),
-                                          instructions=journey.call.summary_instructions)
+                                          instructions=journey.call.summary_instructions, origin=journey.origin)
         except Exception:
             log.warning("could not plan a background summary", exc_info=True)
             return

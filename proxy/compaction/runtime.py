@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -15,6 +15,7 @@ from proxy.compaction.compactor import Compactor
 from proxy.compaction.journey import Serving
 from proxy.compaction.pair_summaries import PairSummaries
 from proxy.compaction.pipeline import Pipeline
+from proxy.compaction.recorder import Recorder
 from proxy.compaction.tool_stages import ToolStages, pair_policy
 from proxy.config import Settings
 from proxy.core.calibration import Calibration
@@ -70,7 +71,8 @@ class TrackedFlights:
 @dataclass(frozen=True)
 class Shared:
     """What outlives a reload: the upstream session and pool, the store and its flights, the metrics, the token
-    counter, what calibration learned about each model's tokenizer, and the index of messages seen lately."""
+    counter, what calibration learned about each model's tokenizer, the index of messages seen lately, and the
+    compaction journal's recorder."""
 
     session: aiohttp.ClientSession
     store: SummaryStore
@@ -79,6 +81,7 @@ class Shared:
     counter: TokenCounter
     calibration: Calibration
     history: HistoryIndex
+    recorder: Recorder = field(default_factory=lambda: Recorder(None))
 
 
 class Runtime:
@@ -157,7 +160,7 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
 
     summarizer_model = model_clients(summarizer_config.structured_output)
     compactor = Compactor(settings, shared.store, counter, templates, metrics, summarizer_model, calibration,
-                          shared.flights)
+                          shared.flights, shared.recorder)
 
     # Pair summaries are a list of short texts, never the whole-history summary's schema: plain requests.
     pair_model = model_clients("off")
@@ -170,7 +173,8 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
     def pipeline(dialect: Dialect[Any]) -> Pipeline[Any]:
         # The older counter is chat completions' own; every route is counted by requests_total.
         return Pipeline(dialect, settings, upstream, compactor, counter, calibration, windows, metrics,
-                        shared.history, count=chat_requests if dialect is CHAT else None, stages=stages)
+                        shared.history, count=chat_requests if dialect is CHAT else None, stages=stages,
+                        recorder=shared.recorder)
 
     def served(dialect: Dialect[Any]) -> Serving:
         native, bridge = pipeline(serving(dialect, settings)), fallback(dialect, settings)

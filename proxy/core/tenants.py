@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from proxy.core.credentials import presented_credentials
+from proxy.core.credentials import CREDENTIAL_HEADERS, presented_credentials
 from proxy.core.fingerprint import canonical_json
 
 
@@ -29,3 +29,29 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     # Case-insensitive for any mapping, as HTTP header names are.
     lowered = name.lower()
     return next((value for key, value in headers.items() if key.lower() == lowered), None)
+
+
+def journal_owner(headers: Mapping[str, str], tenant_header: str | None) -> str:
+    """Whose journal entries a request's are, or whose a reader may see: a one-way hash of the credential values
+    it presents (a bearer token's scheme dropped, so `Authorization: Bearer k` and `x-api-key: k` are one owner)
+    and its tenant. Without any credential the owner is the anonymous one, which only operators read."""
+    values = sorted({_credential_value(name, value) for name, value in headers.items()
+                     if name.lower() in CREDENTIAL_HEADERS and value.strip()} - {""})
+    tenant = (_header(headers, tenant_header) or "") if tenant_header else ""
+    digest = hashlib.sha256(b"compaction-proxy/owner/" + canonical_json([values, tenant]))
+    return digest.hexdigest()[:24]
+
+
+def has_credentials(headers: Mapping[str, str]) -> bool:
+    """Whether a request presents any credential value at all (a reader without one is not anyone)."""
+    return any(_credential_value(name, value) for name, value in headers.items()
+               if name.lower() in CREDENTIAL_HEADERS)
+
+
+def _credential_value(name: str, value: str) -> str:
+    value = value.strip()
+    if name.lower() == "authorization":
+        scheme, _, token = value.partition(" ")
+        if scheme.lower() == "bearer":
+            return token.strip()
+    return value

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from proxy.compaction.api_fallback import NO_ROUTE
 from proxy.compaction.journey import Serving
+from proxy.compaction.recorder import summary_id
 from proxy.core.credentials import presents_one_of
 from proxy.core.fingerprint import HASH_ERRORS
 from proxy.core.usage import Usage
@@ -18,7 +19,7 @@ from proxy.dialects.call import Call
 from proxy.dialects.messages_request import MessagesCall
 from proxy.dialects.responses_compaction import compaction_item, compaction_response
 from proxy.errors import BadRequest, SummaryUnavailable, UpgradeRefused
-from proxy.headers import COMPACTION, COUNTED_BY, REASON
+from proxy.headers import COMPACTION, COMPACTION_ID, COUNTED_BY, REASON
 from proxy.http.appkeys import METRICS, RUNTIME
 from proxy.http.pin import pinned
 from proxy.http.relay import deliver
@@ -171,6 +172,8 @@ async def compacted_item(pipeline: Serving, call: Call) -> tuple[dict[str, Any],
         raise SummaryUnavailable(f"the conversation could not be compacted ({journey.reason}); nothing was changed")
     item = compaction_item(journey.view, conversation.messages, conversation.synthetic)
     headers = {COMPACTION: journey.trigger, **({REASON: journey.reason} if journey.reason else {})}
+    if journey.origin is not None and conversation.record is not None:  # the journal is on: the event to read
+        headers[COMPACTION_ID] = summary_id(conversation.namespace, conversation.record.prefix_hash)
     return item, pipeline.summary_usage(journey), headers
 
 

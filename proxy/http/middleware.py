@@ -14,7 +14,7 @@ from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.headers import outcome_of
 from proxy.http.appkeys import METRICS
 from proxy.http.relay import abandon_if_started, clear_started
-from proxy.http.routes import OPEN_PATHS, route_of
+from proxy.http.routes import OPEN_PATHS, OWN_PREFIX, route_of
 
 log = logging.getLogger("proxy.middleware")
 
@@ -75,13 +75,15 @@ def require_proxy_key(accepted: Callable[[web.Request], Sequence[bytes]]) -> Mid
     """Only clients holding one of the keys `accepted` gives for this request may use the proxy; none = open.
 
     The keys are looked up per request, so a reload that changes them applies from the next request on.
-    Probes stay open.
+    Probes stay open, and the proxy's own prefix (the journal's API and dashboard) checks keys itself: an
+    operator's key is not a proxy key, and the dashboard's files hold no data.
     """
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         keys = accepted(request)
-        if keys and request.path not in OPEN_PATHS and not presents_one_of(request.headers, keys):
+        if keys and request.path not in OPEN_PATHS and not request.path.startswith(OWN_PREFIX) \
+                and not presents_one_of(request.headers, keys):
             raise Unauthorized("a valid proxy API key is required")
         return await handler(request)
 

@@ -11,11 +11,14 @@ COMPACT_PATH = "/v1/responses/compact"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 # The probes and the metrics: open without a proxy key, and labelled by name.
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# The proxy's own routes (the journal's API, the dashboard): never an upstream's, which all sit under /v1/.
+OWN_PREFIX = "/_proxy/"
 
 
 def route_of(path: str) -> str:
     """A dialect's name ("chat", "responses", "messages"), "responses_compact", "messages_count_tokens",
-    "passthrough", "healthz", "readyz", "metrics" or "other": metrics must not grow with the paths clients make up."""
+    "passthrough", "healthz", "readyz", "metrics", "journal_api", "dashboard" or "other": metrics must not grow
+    with the paths clients make up."""
     if (name := ROUTES.get(path)) is not None:
         return name
     if path == COMPACT_PATH:
@@ -24,4 +27,6 @@ def route_of(path: str) -> str:
         return "messages_count_tokens"
     if path.startswith(API_PREFIX):
         return "passthrough"
+    if path.startswith(OWN_PREFIX):
+        return "journal_api" if path.startswith(f"{OWN_PREFIX}api/") else "dashboard"
     return path.strip("/") if path in OPEN_PATHS else "other"

@@ -9,7 +9,7 @@ import pytest
 from multidict import CIMultiDict
 
 from proxy.core.credentials import presented_credentials
-from proxy.core.tenants import namespace_for, tenant_namespace
+from proxy.core.tenants import has_credentials, journal_owner, namespace_for, tenant_namespace
 
 
 def expected_namespace(credential: str, tenant: str, model: str) -> str:
@@ -84,3 +84,40 @@ def test_namespace_for_takes_the_first_of_differently_cased_tenant_headers() -> 
 def test_tenant_namespace_refuses_a_non_str_field_that_is_not_json() -> None:
     with pytest.raises(TypeError):
         tenant_namespace(b"bytes")  # type: ignore[arg-type]
+
+
+# --- journal owners: who may read which conversations ------------------------------------------------------------
+
+OWNER_CASES = [
+    # (headers of the writer, headers of the reader, the same owner?)
+    ({"Authorization": "Bearer k1"}, {"x-api-key": "k1"}, True),
+    ({"Authorization": "Bearer k1"}, {"authorization": "BEARER  k1 "}, True),
+    ({"Authorization": "Bearer k1"}, {"Authorization": "k1"}, True),
+    ({"Authorization": "Bearer k1"}, {"Authorization": "Basic k1"}, False),
+    ({"Authorization": "Bearer k1"}, {"Authorization": "Bearer k2"}, False),
+    ({"Authorization": "Bearer k1"}, {"Authorization": "Bearer k1", "x-api-key": "k2"}, False),
+    ({"Authorization": "Bearer k1", "x-api-key": "k2"}, {"x-api-key": "k1", "api-key": "k2"}, True),
+    ({"Authorization": "Bearer k1", "x-tenant": "a"}, {"Authorization": "Bearer k1", "X-Tenant": "a"}, True),
+    ({"Authorization": "Bearer k1", "x-tenant": "a"}, {"Authorization": "Bearer k1", "x-tenant": "A"}, False),
+    ({"Authorization": "Bearer k1", "x-tenant": "a"}, {"Authorization": "Bearer k1"}, False),
+    ({"Authorization": "Bearer k1", "x-other": "a"}, {"Authorization": "Bearer k1"}, True),  # not the tenant header
+    ({}, {"Authorization": "Bearer  "}, True),  # no credential value: the anonymous owner
+]
+
+
+@pytest.mark.parametrize(("writer", "reader", "same"), OWNER_CASES)
+def test_journal_owner_is_the_credential_values_and_the_tenant(writer: dict[str, str], reader: dict[str, str],
+                                                                same: bool) -> None:
+    assert (journal_owner(writer, "x-tenant") == journal_owner(reader, "x-tenant")) is same
+
+
+def test_journal_owner_never_holds_the_key() -> None:
+    owner = journal_owner({"Authorization": "Bearer sk-secret-value"}, None)
+    assert len(owner) == 24 and "secret" not in owner and int(owner, 16) >= 0
+
+
+@pytest.mark.parametrize(("headers", "has"), [({}, False), ({"Authorization": "Bearer "}, False),
+                                             ({"x-api-key": "  "}, False), ({"x-api-key": "k"}, True),
+                                             ({"x-proxy-api-key": "p"}, True), ({"x-tenant": "a"}, False)])
+def test_has_credentials_needs_a_value(headers: dict[str, str], has: bool) -> None:
+    assert has_credentials(headers) is has

@@ -62,6 +62,7 @@ async def test_compact_answers_one_item_that_stands_for_the_whole_conversation(
     assert sealed is not None and "FACT-7" in (sealed.summary or "")
     assert list(sealed.after[-2:]) == history[-2:]  # the latest round, as the client sent it
     assert headers["x-compaction"] == "requested" and answer["usage"]["input_tokens"] > 0
+    assert len(headers["x-compaction-id"]) == 24 and int(headers["x-compaction-id"], 16) >= 0  # the journal's event
     assert len(json.dumps(answer["output"])) < len(json.dumps(history)) / 2
     assert model.received == []  # nothing was sent to the model for it
     async with aiohttp.ClientSession() as session, session.get(f"{proxy.url}/metrics") as response:

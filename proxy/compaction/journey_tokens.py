@@ -1,0 +1,56 @@
+"""What a journey's request costs in tokens: as the client sent it, and as it will be forwarded, counted once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.compaction.journey import Journey
+from proxy.compaction.tool_stages import ToolStages
+from proxy.core.calibration import Calibration
+from proxy.core.messages import Message
+from proxy.core.tokens import TokenCounter
+
+
+class JourneyTokens:
+    """Counts in the upstream's tokens (calibrated) unless named raw; the counts of one shape of a journey's
+    messages are kept on the journey, so asking again costs nothing."""
+
+    def __init__(self, counter: TokenCounter, calibration: Calibration, stages: ToolStages) -> None:
+        self._counter = counter
+        self._calibration = calibration
+        self._stages = stages
+
+    def messages(self, journey: Journey[Any]) -> list[Message]:
+        """The messages as they will be forwarded: the stages applied, then what elision shortened."""
+        return journey.forwarded if journey.elided else self._stages.base(journey)
+
+    def estimate(self, journey: Journey[Any]) -> int:
+        """The request as it will be forwarded."""
+        return self._calibration.adjust(journey.call.model, self.raw_estimate(journey))
+
+    def raw_estimate(self, journey: Journey[Any]) -> int:
+        return sum(self.message_tokens(journey)) + journey.overhead
+
+    def original(self, journey: Journey[Any]) -> int:
+        """The request as the client sent it."""
+        return self._calibration.adjust(journey.call.model, sum(journey.history.tokens) + journey.overhead)
+
+    def overhead(self, journey: Journey[Any]) -> int:
+        """What the request costs besides its messages: tool definitions and the reply primer."""
+        return self._calibration.adjust(journey.call.model, journey.overhead)
+
+    def message_tokens(self, journey: Journey[Any]) -> list[int]:
+        """Token counts of the messages as they will be forwarded, counted once per shape of the journey."""
+        messages = self.messages(journey)
+        if journey.counted is not None and journey.counted[0] is messages:
+            return journey.counted[1]
+        conversation, read = journey.conversation, journey.history.tokens
+        if journey.elided or journey.cleared or journey.swapped:
+            tokens = self._counter.count_each(messages)
+        elif conversation.record is None:
+            tokens = read
+        else:  # the replacement, then the client's own messages after the stored prefix, already counted
+            tokens = [*self._counter.count_each(conversation.record.replacement),
+                      *read[conversation.record.prefix_len:]]
+        journey.counted = (messages, tokens)
+        return tokens

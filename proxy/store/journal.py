@@ -1,0 +1,246 @@
+"""The compaction journal: what compaction did to each conversation, per request and per event, kept bounded."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Clock = Callable[[], float]
+# A stored text is bounded, a name is short: the store may hand back anything, and a read must stay small.
+_MAX_SUMMARY_CHARS = 1024 * 1024
+_NAME = 200
+_ID = Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
+_COUNT = Field(ge=0, le=10**12)
+EventKind = Literal["summary", "clearing", "pair_summaries", "shadow"]
+EventOutcome = Literal["applied", "failed", "shadow"]
+
+
+class _Entry(BaseModel):
+    # Frozen, unknown keys refused: a stored entry that is not exactly one of ours is not read as one.
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Span(_Entry):
+    """The part of the conversation an event replaced: where it starts, how long it is, and its roles counted.
+    The messages themselves stay with the client."""
+
+    start: int = Field(0, ge=0, le=10**12)
+    count: int = Field(0, ge=0, le=10**12)
+    roles: dict[str, int] = Field(default_factory=dict, max_length=16)
+
+
+class SummarizerRun(_Entry):
+    """What making a summary cost: calls, tokens, time, and how the reply was read."""
+
+    model: str = Field(max_length=_NAME)
+    calls: int = _COUNT
+    prompt_tokens: int = _COUNT
+    completion_tokens: int = _COUNT
+    latency_ms: float = Field(ge=0)
+    strategy: str = Field("", max_length=_NAME)
+    structured: bool = False
+
+
+class Event(_Entry):
+    """One compaction event. Tokens are the upstream's: `tokens_before`/`tokens_after` of the whole request,
+    `replaced_tokens`/`replacement_tokens` of the span the summary (or the stage) replaced."""
+
+    id: str = _ID
+    kind: EventKind
+    outcome: EventOutcome
+    at: float = Field(ge=0)
+    owner: str = _ID
+    conversation: str = _ID
+    dialect: str = Field(max_length=_NAME)
+    model: str = Field(max_length=_NAME)
+    trigger: str = Field(max_length=_NAME)
+    reason: str | None = Field(None, max_length=_NAME)
+    request_id: str | None = Field(None, max_length=_NAME)
+    window: int = _COUNT
+    threshold_tokens: int = _COUNT
+    tokens_before: int = _COUNT
+    tokens_after: int = _COUNT
+    replaced_tokens: int = Field(0, ge=0, le=10**12)
+    replacement_tokens: int = Field(0, ge=0, le=10**12)
+    span: Span = Field(default_factory=Span)
+    summary: str | None = Field(None, max_length=_MAX_SUMMARY_CHARS)
+    summarizer: SummarizerRun | None = None
+
+    def listed(self) -> dict[str, object]:
+        """The event without its summary's text (a conversation's list of events stays small)."""
+        return self.model_dump(exclude={"summary", "owner"}) | {"has_summary": self.summary is not None}
+
+
+class Point(_Entry):
+    """One request of a conversation: its prompt as the client sent it and as forwarded, against its window."""
+
+    at: float = Field(ge=0)
+    owner: str = _ID
+    conversation: str = _ID
+    dialect: str = Field(max_length=_NAME)
+    model: str = Field(max_length=_NAME)
+    request_id: str | None = Field(None, max_length=_NAME)
+    tokens_before: int = _COUNT
+    tokens_after: int = _COUNT
+    window: int = _COUNT
+    threshold_tokens: int = _COUNT
+    outcome: str = Field(max_length=_NAME)
+    event_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
+    cleared: int = _COUNT
+    pair_summaries: int = _COUNT
+
+
+class ConversationInfo(_Entry):
+    """A conversation as listed: its model, when it was seen, how many requests and compactions."""
+
+    id: str = _ID
+    owner: str = _ID
+    dialect: str = Field(max_length=_NAME)
+    model: str = Field(max_length=_NAME)
+    first_at: float = Field(ge=0)
+    last_at: float = Field(ge=0)
+    requests: int = _COUNT
+    compactions: int = _COUNT
+
+
+@dataclass(frozen=True)
+class ConversationDetail:
+    info: ConversationInfo
+    points: list[Point]
+    events: list[Event]
+
+
+def parse_entry(kind: type[_Entry], raw: str | bytes) -> _Entry | None:
+    """A stored entry read back, or None when it is not one (the store may hold anything)."""
+    try:
+        return kind.model_validate_json(raw)
+    except (ValidationError, ValueError):
+        return None
+
+
+def event_id(*parts: str) -> str:
+    """An event's id from what names it: the same summary has the same id on every replica."""
+    text = "\x00".join(("compaction-proxy/event", *parts))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+def counts_as_compaction(event: Event) -> bool:
+    return event.outcome == "applied"
+
+
+@runtime_checkable
+class Journal(Protocol):
+    """Where events and points are kept. `owner` None reads every owner's (an operator); otherwise only
+    that owner's entries exist for the reader."""
+
+    async def record(self, event: Event) -> None: ...
+
+    async def point(self, point: Point) -> None: ...
+
+    async def conversations(self, owner: str | None, limit: int) -> list[ConversationInfo]: ...
+
+    async def conversation(self, owner: str | None, conversation: str) -> ConversationDetail | None: ...
+
+    async def event(self, owner: str | None, event_id: str) -> Event | None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class JournalBounds:
+    """How much a journal keeps: events in all (oldest evicted first), conversations (least recently seen
+    evicted first, with their points), points per conversation (oldest dropped), and for how long."""
+
+    max_events: int = 10000
+    max_conversations: int = 2000
+    max_points: int = 500
+    ttl_seconds: float = 7 * 24 * 3600
+
+    def __post_init__(self) -> None:
+        if min(self.max_events, self.max_conversations, self.max_points) < 1 or self.ttl_seconds <= 0:
+            raise ValueError("journal bounds must be at least 1 and its ttl positive")
+
+
+@dataclass
+class _Conversation:
+    info: ConversationInfo
+    points: deque[Point]
+    events: deque[str] = field(default_factory=deque)
+
+
+class MemoryJournal:
+    """The journal in this process: bounded by count, entries older than the TTL not read."""
+
+    def __init__(self, bounds: JournalBounds, clock: Clock = time.time) -> None:
+        self.bounds = bounds
+        self._clock = clock
+        self._events: OrderedDict[str, Event] = OrderedDict()
+        self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    async def record(self, event: Event) -> None:
+        # The same id again (a summary recorded by two replicas, say) is one compaction, not two.
+        known = self._events.pop(event.id, None) is not None
+        self._events[event.id] = event
+        while len(self._events) > self.bounds.max_events:
+            self._events.popitem(last=False)
+        held = self._touch(event.owner, event.conversation, event.dialect, event.model, event.at)
+        if known:
+            return
+        held.events.append(event.id)
+        while len(held.events) > self.bounds.max_events:
+            held.events.popleft()
+        if counts_as_compaction(event):
+            held.info = held.info.model_copy(update={"compactions": held.info.compactions + 1})
+
+    async def point(self, point: Point) -> None:
+        held = self._touch(point.owner, point.conversation, point.dialect, point.model, point.at)
+        held.points.append(point)
+        held.info = held.info.model_copy(update={"requests": held.info.requests + 1})
+
+    def _touch(self, owner: str, conversation: str, dialect: str, model: str, at: float) -> _Conversation:
+        held = self._conversations.pop(conversation, None)
+        if held is None or held.info.owner != owner:
+            info = ConversationInfo(id=conversation, owner=owner, dialect=dialect, model=model, first_at=at,
+                                    last_at=at, requests=0, compactions=0)
+            held = _Conversation(info, deque(maxlen=self.bounds.max_points))
+        else:
+            held.info = held.info.model_copy(update={"last_at": max(at, held.info.last_at), "model": model})
+        self._conversations[conversation] = held
+        while len(self._conversations) > self.bounds.max_conversations:
+            self._conversations.popitem(last=False)
+        return held
+
+    def _fresh(self, at: float) -> bool:
+        return self._clock() - at < self.bounds.ttl_seconds
+
+    async def conversations(self, owner: str | None, limit: int) -> list[ConversationInfo]:
+        found = [held.info for held in reversed(self._conversations.values())
+                 if (owner is None or held.info.owner == owner) and self._fresh(held.info.last_at)]
+        return found[:max(0, limit)]
+
+    async def conversation(self, owner: str | None, conversation: str) -> ConversationDetail | None:
+        held = self._conversations.get(conversation)
+        if held is None or (owner is not None and held.info.owner != owner) or not self._fresh(held.info.last_at):
+            return None
+        events = [event for event_id in held.events if (event := self._events.get(event_id)) is not None
+                  and self._fresh(event.at)]
+        return ConversationDetail(held.info, [p for p in held.points if self._fresh(p.at)], events)
+
+    async def event(self, owner: str | None, event_id: str) -> Event | None:
+        event = self._events.get(event_id)
+        if event is None or (owner is not None and event.owner != owner) or not self._fresh(event.at):
+            return None
+        return event
+
+    async def close(self) -> None:
+        self._events.clear()
+        self._conversations.clear()
