@@ -311,10 +311,11 @@ def report(head: dict[str, Any], replicates: list[dict[str, Any]]) -> list[str]:
     probes = [p for r in replicates for p in r["probes"]]
     lines += recall_table(aggregate(probes), head["arms"])
     lines += summary_lines([s for r in replicates for s in r["summaries"]])
-    stale = sum(p["stale"] for p in probes if p["arm"] == "proxy")
-    compactions = sorted({p["compaction"] for p in probes if p["arm"] == "proxy"})
-    lines += ["", f"proxy probes answered with a stale (overridden) value: {stale}; their x-compaction: "
-                  f"{', '.join(compactions)}",
+    stale = {arm: sum(p["stale"] for p in probes if p["arm"] == arm) for arm in head["arms"]}
+    compactions = sorted({p["compaction"] for p in probes if p["arm"] == "proxy" and p["stale"]})
+    lines += ["", "probes answered with a replaced value as the current one: "
+                  + ", ".join(f"{arm} {count}" for arm, count in stale.items())
+                  + (f" (the proxy's x-compaction: {', '.join(compactions)})" if compactions else ""),
               f"failed summaries (x-compaction: failed with summariser calls): "
               f"{sum(len(r['failed_summaries']) for r in replicates)}",
               "seconds per replicate: " + ", ".join(f"{r['seconds']:.0f}" for r in replicates)]

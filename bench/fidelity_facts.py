@@ -22,7 +22,18 @@ PLACEMENT = (("path", 0.04), ("error", 0.1), ("command", 0.14), ("stale", 0.2), 
 # The "front" shape plants the same facts in the same order, all before the first compaction (the last one at this
 # share of the window, under the 0.8 threshold): an agent's instruction and early findings, then only tool rounds,
 # so every later compaction must carry every fact through another summary and truncation keeps none of them.
-SHAPES = ("spread", "front")
+# The "decisions" shape plants what a summary most often gets wrong: a prohibition stated once early, people with
+# similar names and roles, and a decision overridden twice (each probe also checks no replaced value is given as
+# current).
+DECISION_PLACEMENT = (("prohibition", 0.03), ("path", 0.06), ("error", 0.09), ("people", 0.12), ("command", 0.15),
+                      ("stale", 0.2), ("port", 0.26), ("decision", 0.3), ("override", 0.42), ("identifier", 0.5),
+                      ("override2", 0.62), ("timeout", 0.7))
+SHAPES = ("spread", "front", "decisions")
+# Facts with several replaced values keep them in `stale`, separated by this.
+STALE_SEP = " | "
+# Similar first names, so a summary that blurs two people is caught.
+NAME_PAIRS = (("Dana", "Dan"), ("Mara", "Mark"), ("Lena", "Len"), ("Joni", "Jon"), ("Rina", "Rin"))
+SURNAMES = ("Reyes", "Okafor", "Lindqvist", "Tanaka", "Moreau", "Castillo")
 FRONT_END = 0.6
 
 
@@ -66,6 +77,11 @@ class _Values:
     timeout: str = ""
     old_format: str = ""
     new_format: str = ""
+    third_format: str = ""
+    prod_db: str = ""
+    staging_db: str = ""
+    reviewer: str = ""
+    owner: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     def draw(self) -> _Values:
@@ -84,6 +100,17 @@ class _Values:
         first, second = rng.sample(WORDS, 2)
         self.old_format = f"snapfmt_{first}_{hex_id(rng, 3)}"
         self.new_format = f"snapfmt_{second}_{hex_id(rng, 3)}"
+        return self
+
+    def draw_decisions(self, rng: random.Random) -> _Values:
+        """The decisions shape's own values, from a generator of their own: drawing them changes nothing the
+        other shapes draw, so their conversations stay what they were for a seed."""
+        used = {self.old_format.split("_")[1], self.new_format.split("_")[1]}
+        self.third_format = f"snapfmt_{rng.choice([w for w in WORDS if w not in used])}_{hex_id(rng, 3)}"
+        number = rng.randint(2, 9)
+        self.prod_db, self.staging_db = f"ledger-prod-{number}", f"ledger-staging-{number + rng.randint(1, 5)}"
+        (long_name, short_name), surname = rng.choice(NAME_PAIRS), rng.choice(SURNAMES)
+        self.reviewer, self.owner = f"{long_name} {surname}", f"{short_name} {surname}"
         return self
 
 
@@ -160,10 +187,40 @@ def _plant_override(v: _Values, call: str) -> Planted:
                              stale=v.old_format)
 
 
+def _plant_prohibition(v: _Values, call: str) -> Planted:
+    messages = [{"role": "assistant", "content": "I will look at the migrations next."},
+                {"role": "user", "content": f"Careful: never run migrations against {v.prod_db}. Only "
+                                            f"{v.staging_db} may be migrated."}]
+    return messages, 1, Fact("prohibition", "constraint", v.staging_db, "Which database may the migrations run "
+                             "against?", stale=v.prod_db)
+
+
+def _plant_people(v: _Values, call: str) -> Planted:
+    messages = [{"role": "assistant", "content": "Who should look at the ledger changes?"},
+                {"role": "user", "content": f"{v.reviewer} reviews every change to ledger-sync; {v.owner} owns "
+                                            "ledger-sink and writes its migrations. Do not mix them up."}]
+    return messages, 1, Fact("people", "identifier", v.reviewer, "Who reviews changes to ledger-sync?",
+                             stale=v.owner)
+
+
+def _plant_override_unasked(v: _Values, call: str) -> Planted:
+    messages, offset, fact = _plant_override(v, call)
+    return messages, offset, Fact(fact.key, fact.kind, fact.value, "", stale=fact.stale)  # the second supersedes it
+
+
+def _plant_second_override(v: _Values, call: str) -> Planted:
+    messages = [{"role": "assistant", "content": f"The snapshots are written in {v.new_format} now."},
+                {"role": "user", "content": f"Change of plan again: switch from {v.new_format} to {v.third_format} "
+                                            "for the ledger snapshots. That is final."}]
+    return messages, 1, Fact("override2", "overridden", v.third_format, "Which snapshot format are we using in the "
+                             "end?", stale=STALE_SEP.join((v.old_format, v.new_format)))
+
+
 PLANTERS: dict[str, Callable[[_Values, str], Planted]] = {
     "path": _plant_path, "error": _plant_error, "command": _plant_command, "stale": _plant_stale,
     "port": _plant_port, "decision": _plant_decision, "identifier": _plant_identifier, "timeout": _plant_timeout,
-    "override": _plant_override}
+    "override": _plant_override, "prohibition": _plant_prohibition, "people": _plant_people,
+    "override2": _plant_second_override}
 
 
 def target_tokens(window: int, cycles: int) -> int:
@@ -180,7 +237,7 @@ def generate(seed: int, window: int = 1536, cycles: int = 3, counter: TokenCount
     if shape not in SHAPES:
         raise ValueError(f"unknown conversation shape {shape!r}: one of {', '.join(SHAPES)}")
     rng = random.Random(seed)
-    values = _Values(rng).draw()
+    values = _Values(rng).draw().draw_decisions(random.Random(f"{seed}:decisions"))
     counter = counter or TokenCounter()
     count = counter.count_messages
     noise = random.Random(f"{seed}:noise")  # apart from `rng`: the same seed plants the same values, grown or not
@@ -194,12 +251,14 @@ def generate(seed: int, window: int = 1536, cycles: int = 3, counter: TokenCount
     facts = [Fact("constraint", "constraint", values.constraint, "Which directory did I tell you never to touch?",
                   index=1)]
     total = target_tokens(window, cycles)
-    scale = total if shape == "spread" else FRONT_END * window / PLACEMENT[-1][1]
+    placement = DECISION_PLACEMENT if shape == "decisions" else PLACEMENT
+    scale = FRONT_END * window / PLACEMENT[-1][1] if shape == "front" else total
     calls = iter(range(1, 10_000))
-    for key, share in PLACEMENT:
+    for key, share in placement:
         while count(messages) < share * scale:
             messages += grown(filler_round(rng, f"call_{next(calls)}"))
-        planted, offset, fact = PLANTERS[key](values, f"call_{next(calls)}")
+        planter = _plant_override_unasked if shape == "decisions" and key == "override" else PLANTERS[key]
+        planted, offset, fact = planter(values, f"call_{next(calls)}")
         facts.append(_at(fact, len(messages) + offset))
         messages += grown(planted)
     while count(messages) < total:
@@ -247,8 +306,9 @@ def contains(text: str, value: str) -> bool:
 
 def grade(answer: str, fact: Fact) -> dict[str, bool]:
     """Whether an answer holds the fact's value, and (overridden decisions) whether it names the stale one."""
+    stale = fact.stale.split(STALE_SEP) if fact.stale else []
     return {"correct": contains(answer, fact.value),
-            "stale": fact.stale is not None and contains(answer, fact.stale) and not contains(answer, fact.value)}
+            "stale": any(contains(answer, old) for old in stale) and not contains(answer, fact.value)}
 
 
 def facts_in(text: str, facts: Sequence[Fact]) -> list[str]:

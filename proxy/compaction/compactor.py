@@ -27,9 +27,15 @@ from proxy.offload import LARGE_REPLY, off_loop_above, off_loop_if_large
 from proxy.request_context import current_request_id
 from proxy.store.flights import Flights, LocalFlights, RemoteFailure
 from proxy.store.store import CompactedPrefix, SummaryStore
-from proxy.summarizer.evidence import Evidence, complete, gather, text_size
-from proxy.summarizer.summarizer import ChatModel, ConversationPrefix, SummarizerError, Summary, summarize
-from proxy.summarizer.summary import rendered_text
+from proxy.summarizer.evidence import Evidence, gather, text_size
+from proxy.summarizer.summarizer import (
+    ChatModel,
+    ConversationPrefix,
+    SummarizerError,
+    Summary,
+    summarize,
+    with_evidence,
+)
 from proxy.summarizer.templates import Templates
 
 log = logging.getLogger("proxy.compaction")
@@ -215,7 +221,8 @@ class Compactor:
                    summary_tokens=shrink(plan.summary_tokens, decision.level, MIN_RETRY_SUMMARY_TOKENS),
                    level=decision.level, prefix=self._prefix(conversation, plan, model, tools),
                    ratio=self._calibration.ratio(model),
-                   source=tuple(conversation.original[:prefix_len]), instructions=instructions, origin=origin)
+                   source=tuple(conversation.original[:prefix_len]), instructions=instructions, origin=origin,
+                   force=force)
         # The flight looks for a stored record first, and stores what _summarise returns (fenced, across replicas).
         return Flight(self._flights.start(conversation.namespace, prefix_hash, lambda: self._summarise(job)),
                       prefix_len)
@@ -250,7 +257,9 @@ class Compactor:
         summary = await summarize(self._model_factory(job.model, job.headers, job.summary_tokens, whole),
                                   list(job.plan.to_summarise), self._templates.asked(job.instructions),
                                   counter=self._counter,
-                                  max_calls=config.max_calls, deadline=config.timeout, prefix=job.prefix)
+                                  max_calls=config.max_calls, deadline=config.timeout, prefix=job.prefix,
+                                  evidence_room=None,  # added below within the plan's budget, by the same code
+                                  later=(*job.plan.kept_users, *job.plan.tail))
         evidence = await off_loop_if_large(text_size(job.source), gather, job.source,
                                            (*job.plan.head, *job.plan.kept_users)) if config.evidence else None
         # Fitting counts the summary's tokens a few times over: a long reply (bounded, but up to ~32 bytes a token
@@ -272,6 +281,13 @@ class Compactor:
             summary = replace(summary, message={**summary.message, "content": shortened}, text=shortened,
                               structured=None, strategy=f"{summary.strategy}_elided")
             messages, tokens_after = self._replacement(job, summary)
+        replaced = job.plan.tokens_before - job.plan.tail_tokens
+        if not job.force and job.upstream_tokens(tokens_after) >= replaced:
+            # Longer than what it replaces (a short span, a long rendering): the span is kept as it is.
+            longer = SummarizerError(f"the summary and what is kept with it take {job.upstream_tokens(tokens_after)} "
+                                     f"tokens, not fewer than the {replaced} they would replace")
+            longer.usage, longer.calls = summary.usage, summary.calls
+            raise longer
         if not budget.fits_window(job.limits, job.upstream_tokens(tokens_after)):
             # What stays besides the summary leaves no room: stored, it would be spliced into every later turn
             # and summarised again; it is refused. (The tail is not counted: an oversized tool result in it is
@@ -294,16 +310,7 @@ class Compactor:
         spare = job.own_tokens(job.room_beside_tail(tokens_as_written))
         room = min(max(job.own_ask - count(summary.text), job.own_ask // 3), spare)
         unused = min(job.own_tokens(job.plan.room_at_goal(job.upstream_tokens(tokens_as_written))), spare)
-        structured, added = complete(summary.structured, summary.text, evidence, room, count,
-                                     exact_room=unused - room)
-        if not added:
-            return summary
-        if (rendered := rendered_text(structured, self._templates)) is None:
-            return summary
-        # A reply that did not parse stays verbatim, the evidence after it.
-        text = rendered if summary.structured is not None else f"{summary.text}\n\n{rendered}"
-        return replace(summary, message={**summary.message, "content": text}, text=text, evidence=added,
-                       structured=structured if summary.structured is not None else None)
+        return with_evidence(summary, evidence, room, count, self._templates, exact_room=unused - room)
 
     def _replacement(self, job: _Job, summary: Summary) -> tuple[list[Message], int]:
         continuation, acknowledgement = self._fillers
@@ -329,6 +336,7 @@ class Compactor:
                              "replacement_messages": len(record.replacement), "replaced_tokens": record.tokens_before,
                              "replacement_tokens": record.tokens_after, "summarizer_calls": summary.calls,
                              "summarizer_strategy": summary.strategy, "evidence_added": summary.evidence,
+                             "corrections": [correction.as_log() for correction in summary.corrections],
                              "summarizer_prompt_tokens": summary.usage.get("prompt_tokens", 0),
                              "summarizer_completion_tokens": summary.usage.get("completion_tokens", 0),
                              "structured": summary.structured is not None, "duration_ms": round(seconds * 1000, 1)}))
@@ -373,6 +381,7 @@ class _Job:
     ratio: float = 1.0  # the upstream's tokens per token of ours (the calibration), as the plan was counted with
     instructions: str | None = None  # the client's own for its summary (Anthropic's compaction `instructions`)
     origin: Origin | None = None  # the request it is made for, as the journal names it
+    force: bool = False  # asked for whatever the size (mode force, a client's request): applied even if longer
 
     def upstream_tokens(self, tokens: int) -> int:
         """`tokens` of our own count in the upstream's, the unit of the window and of the plan."""

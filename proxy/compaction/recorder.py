@@ -7,10 +7,11 @@ import logging
 import math
 import secrets
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import lru_cache
+from typing import Literal
 
 from proxy.core.budget import Limits
 from proxy.core.messages import Message, role
@@ -24,12 +25,15 @@ from proxy.summarizer.summarizer import Summary
 
 log = logging.getLogger("proxy.journal")
 
-# Writes waiting for the store at once: past this a write is dropped (and counted) rather than queued without
-# bound behind a slow store.
+# Entries waiting for the store at once: past this one is dropped (and counted) rather than queued without bound
+# behind a slow store.
 _MAX_PENDING = 256
+# Writer tasks draining the queue: a shared store's round trips overlap this much.
+_WRITERS = 4
 # Conversations whose last stage counts are remembered, to tell a stage event from a request that only kept it.
 _STAGE_MEMORY = 10000
 _ROLES = 12
+_NAME = 200  # the journal's bound on a name (proxy.store.journal)
 
 
 @dataclass(frozen=True)
@@ -47,9 +51,11 @@ def origin_of(headers: Mapping[str, str], tenant_header: str | None, backoff_key
               model: str) -> Origin:
     """A request's origin: its owner (credentials and tenant), its conversation, its API and model."""
     owner = journal_owner(headers, tenant_header)
-    return Origin(owner, conversation_of(owner, backoff_key), dialect, model, current_request_id())
+    return Origin(owner, conversation_of(owner, backoff_key), dialect[:_NAME], model[:_NAME],
+                  (current_request_id() or "")[:_NAME] or None)
 
 
+@lru_cache(maxsize=4096)
 def conversation_of(owner: str, backoff_key: str) -> str:
     """A conversation's journal id: its owner and its first message after the instructions (the backoff key)."""
     return event_id("conversation", owner, backoff_key)
@@ -95,13 +101,16 @@ def failure_event(origin: Origin, *, trigger: str, limits: Limits, plan: Plan, s
 
 
 def point_of(origin: Origin, headers: Mapping[str, str], *, limits: Limits, tokens_before: int,
-             tokens_after: int) -> Point:
-    """One request: its prompt as the client sent it and as forwarded, and what its headers say was done."""
-    return Point(at=time.time(), owner=origin.owner, conversation=origin.conversation, dialect=origin.dialect,
-                 model=origin.model, request_id=origin.request_id, tokens_before=tokens_before,
-                 tokens_after=tokens_after, window=limits.window, threshold_tokens=limits.trigger_tokens,
-                 outcome=headers.get(COMPACTION, "none"), cleared=_count(headers.get(CLEARED)),
-                 pair_summaries=_count(headers.get(PAIR_SUMMARIES)))
+             tokens_after: int, event_id: str | None = None) -> Point:
+    """One request: its prompt as the client sent it and as forwarded, and what its headers say was done. Made
+    without validation, on every request: every value is the proxy's own and in bounds (the origin's strings are
+    cut to size); what is read back from a store is validated."""
+    return Point.model_construct(
+        at=time.time(), event_id=event_id, owner=origin.owner, conversation=origin.conversation,
+        dialect=origin.dialect, model=origin.model, request_id=origin.request_id, tokens_before=tokens_before,
+        tokens_after=tokens_after, window=limits.window, threshold_tokens=limits.trigger_tokens,
+        outcome=headers.get(COMPACTION, "none"), cleared=_count(headers.get(CLEARED)),
+        pair_summaries=_count(headers.get(PAIR_SUMMARIES)))
 
 
 def _count(value: str | None) -> int:
@@ -126,12 +135,14 @@ def _run(model: str, summary: Summary, seconds: float) -> SummarizerRun:
 
 
 class Recorder:
-    """Sends entries to the journal as tasks of their own: a slow or broken store costs a request nothing."""
+    """Sends entries to the journal from a queue, off the request's path: a few writer tasks drain it, at most
+    _MAX_PENDING entries wait, and a slow or broken store costs a request nothing."""
 
     def __init__(self, journal: Journal | None, on_error: Callable[[str], None] | None = None) -> None:
         self.journal = journal
         self._on_error = on_error
-        self._pending: set[asyncio.Task[None]] = set()
+        self._queue: deque[Event | Point] = deque()
+        self._writers: set[asyncio.Task[None]] = set()
         self._stages: OrderedDict[str, tuple[int, int]] = OrderedDict()
 
     @property
@@ -150,12 +161,10 @@ class Recorder:
             self._failed(operation)
 
     def record(self, event: Event) -> None:
-        if self.journal is not None:
-            self._write("journal_record", self.journal.record(event))
+        self._enqueue("journal_record", event)
 
     def point(self, point: Point) -> None:
-        if self.journal is not None:
-            self._write("journal_point", self.journal.point(point))
+        self._enqueue("journal_point", point)
 
     def request(self, origin: Origin, headers: dict[str, str], *, summary: tuple[str, str] | None, limits: Limits,
                 tokens_before: int, tokens_after: int, freed: int) -> None:
@@ -164,10 +173,12 @@ class Recorder:
         hash), else a stage event made now."""
         if summary is not None:
             headers[COMPACTION_ID] = summary_id(*summary)
-        point = point_of(origin, headers, limits=limits, tokens_before=tokens_before, tokens_after=tokens_after)
+        point = point_of(origin, headers, limits=limits, tokens_before=max(0, tokens_before),
+                         tokens_after=max(0, tokens_after), event_id=headers.get(COMPACTION_ID))
         if (stage := self.stage_events(origin, point, freed)) is not None and summary is None:
             headers[COMPACTION_ID] = stage
-        self.point(point.model_copy(update={"event_id": headers.get(COMPACTION_ID)}))
+            point = point.model_copy(update={"event_id": stage})
+        self.point(point)
 
     def shadow(self, origin: Origin, headers: Mapping[str, str], *, limits: Limits, tokens_before: int) -> None:
         """What shadow mode would have done, as an event when it would have compacted; the request as a point."""
@@ -205,27 +216,33 @@ class Recorder:
                                   span=Span(start=0, count=now, roles={"tool": now})))
         return made
 
-    def _write(self, operation: str, work: Coroutine[Any, Any, None]) -> None:
-        if len(self._pending) >= _MAX_PENDING:
-            work.close()
-            self._failed(operation)
+    def _enqueue(self, operation: str, entry: Event | Point) -> None:
+        if self.journal is None:
             return
-        task = asyncio.get_running_loop().create_task(self._quietly(operation, work))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        if len(self._queue) >= _MAX_PENDING:
+            self._failed(operation)  # dropped, counted: the journal falls behind, requests never wait for it
+            return
+        self._queue.append(entry)
+        if len(self._writers) < _WRITERS:
+            writer = asyncio.get_running_loop().create_task(self._write(self.journal))
+            self._writers.add(writer)
+            writer.add_done_callback(self._writers.discard)
 
-    async def _quietly(self, operation: str, work: Coroutine[Any, Any, None]) -> None:
-        try:
-            await work
-        except Exception:  # a journal must never fail what it records
-            log.warning("journal %s failed", operation, exc_info=True)
-            self._failed(operation)
+    async def _write(self, journal: Journal) -> None:
+        while self._queue:
+            entry = self._queue.popleft()
+            operation = "journal_record" if isinstance(entry, Event) else "journal_point"
+            try:
+                await (journal.record(entry) if isinstance(entry, Event) else journal.point(entry))
+            except Exception:  # a journal must never fail what it records
+                log.warning("journal %s failed", operation, exc_info=True)
+                self._failed(operation)
 
     def _failed(self, operation: str) -> None:
         if self._on_error is not None:
             self._on_error(operation)
 
     async def drain(self) -> None:
-        """Wait for the writes under way (shutdown, and tests reading what was just written)."""
-        while self._pending:
-            await asyncio.gather(*list(self._pending), return_exceptions=True)
+        """Wait for the writes queued and under way (shutdown, and tests reading what was just written)."""
+        while self._writers:
+            await asyncio.gather(*list(self._writers), return_exceptions=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from functools import lru_cache
 
 from proxy.core.credentials import CREDENTIAL_HEADERS, presented_credentials
 from proxy.core.fingerprint import canonical_json
@@ -35,11 +36,16 @@ def journal_owner(headers: Mapping[str, str], tenant_header: str | None) -> str:
     """Whose journal entries a request's are, or whose a reader may see: a one-way hash of the credential values
     it presents (a bearer token's scheme dropped, so `Authorization: Bearer k` and `x-api-key: k` are one owner)
     and its tenant. Without any credential the owner is the anonymous one, which only operators read."""
-    values = sorted({_credential_value(name, value) for name, value in headers.items()
-                     if name.lower() in CREDENTIAL_HEADERS and value.strip()} - {""})
+    values = tuple(sorted({_credential_value(name, value) for name, value in headers.items()
+                           if name.lower() in CREDENTIAL_HEADERS and value.strip()} - {""}))
     tenant = (_header(headers, tenant_header) or "") if tenant_header else ""
-    digest = hashlib.sha256(b"compaction-proxy/owner/" + canonical_json([values, tenant]))
-    return digest.hexdigest()[:24]
+    return _owner_digest(values, tenant)
+
+
+@lru_cache(maxsize=1024)
+def _owner_digest(values: tuple[str, ...], tenant: str) -> str:
+    # Cached: the same few callers ask on every request, and hashing is most of the journal's cost per request.
+    return hashlib.sha256(b"compaction-proxy/owner/" + canonical_json([list(values), tenant])).hexdigest()[:24]
 
 
 def has_credentials(headers: Mapping[str, str]) -> bool:

@@ -169,9 +169,24 @@ class JournalBounds:
 
 @dataclass
 class _Conversation:
-    info: ConversationInfo
+    """One conversation's entry, kept mutable (a request touches it): made into a ConversationInfo when read."""
+
+    id: str
+    owner: str
+    dialect: str
+    model: str
+    first_at: float
+    last_at: float
     points: deque[Point]
     events: deque[str] = field(default_factory=deque)
+    requests: int = 0
+    compactions: int = 0
+
+    @property
+    def info(self) -> ConversationInfo:
+        return ConversationInfo.model_construct(
+            id=self.id, owner=self.owner, dialect=self.dialect, model=self.model, first_at=self.first_at,
+            last_at=self.last_at, requests=self.requests, compactions=self.compactions)
 
 
 class MemoryJournal:
@@ -199,21 +214,19 @@ class MemoryJournal:
         while len(held.events) > self.bounds.max_events:
             held.events.popleft()
         if counts_as_compaction(event):
-            held.info = held.info.model_copy(update={"compactions": held.info.compactions + 1})
+            held.compactions += 1
 
     async def point(self, point: Point) -> None:
         held = self._touch(point.owner, point.conversation, point.dialect, point.model, point.at)
         held.points.append(point)
-        held.info = held.info.model_copy(update={"requests": held.info.requests + 1})
+        held.requests += 1
 
     def _touch(self, owner: str, conversation: str, dialect: str, model: str, at: float) -> _Conversation:
         held = self._conversations.pop(conversation, None)
-        if held is None or held.info.owner != owner:
-            info = ConversationInfo(id=conversation, owner=owner, dialect=dialect, model=model, first_at=at,
-                                    last_at=at, requests=0, compactions=0)
-            held = _Conversation(info, deque(maxlen=self.bounds.max_points))
+        if held is None or held.owner != owner:
+            held = _Conversation(conversation, owner, dialect, model, at, at, deque(maxlen=self.bounds.max_points))
         else:
-            held.info = held.info.model_copy(update={"last_at": max(at, held.info.last_at), "model": model})
+            held.last_at, held.model = max(at, held.last_at), model
         self._conversations[conversation] = held
         while len(self._conversations) > self.bounds.max_conversations:
             self._conversations.popitem(last=False)
@@ -224,12 +237,12 @@ class MemoryJournal:
 
     async def conversations(self, owner: str | None, limit: int) -> list[ConversationInfo]:
         found = [held.info for held in reversed(self._conversations.values())
-                 if (owner is None or held.info.owner == owner) and self._fresh(held.info.last_at)]
+                 if (owner is None or held.owner == owner) and self._fresh(held.last_at)]
         return found[:max(0, limit)]
 
     async def conversation(self, owner: str | None, conversation: str) -> ConversationDetail | None:
         held = self._conversations.get(conversation)
-        if held is None or (owner is not None and held.info.owner != owner) or not self._fresh(held.info.last_at):
+        if held is None or (owner is not None and held.owner != owner) or not self._fresh(held.last_at):
             return None
         events = [event for event_id in held.events if (event := self._events.get(event_id)) is not None
                   and self._fresh(event.at)]

@@ -40,6 +40,10 @@ MAX_USER_CHARS = 1200   # one user message: past this its middle goes
 MAX_CONCLUSION_CHARS = 600
 ELLIPSIS = " […] "
 MIN_ITEM_TOKENS = 8     # no entry is smaller: below this the room is spent
+# What makes a user's message carry facts: a number, a path or dotted name, an identifier, a quoted value, a name
+# (two capitalised words), or a rule's word.
+FACT_CARRIER = re.compile(r"\d|\w[/.]\w|\w_\w|`|\b[A-Z][a-z]+ [A-Z][a-z]+\b|"
+                          r"(?i:\b(?:never|must|mustn't|don't|do not|only|instead|always|forbidden|prohibited)\b)")
 # A line of settings as config files and `env` print them (`LEDGER_PORT=5432`, `timeout = 30`, `port: 8080`).
 SETTING = re.compile(r"[A-Za-z_][\w.\-]*[ \t]?(?:=[ \t]?[^=\s]|:[ \t]\S).*")
 MAX_SETTINGS_OUTPUT = 4096  # characters: a longer output is not a settings file a summary could carry
@@ -201,10 +205,17 @@ class _Item:
         return "; ".join(self.details)
 
 
+def carries_facts(text: str) -> bool:
+    """Whether a user's message states facts a paraphrase loses: numbers, paths, identifiers, names, quoted
+    values, or a rule (never, must, only, instead)."""
+    return FACT_CARRIER.search(text) is not None
+
+
 def _items(evidence: Evidence) -> Iterator[_Item]:
-    """Candidates most important first: the user's words, errors, settings read, files changed, what the assistant
-    concluded, commands, files read."""
-    for text in reversed(evidence.user_messages):
+    """Candidates most important first: the user's words (those that carry names, numbers, paths or rules first),
+    errors, settings read, files changed, what the assistant concluded, commands, files read."""
+    newest_words = list(reversed(evidence.user_messages))
+    for text in [*filter(carries_facts, newest_words), *itertools.filterfalse(carries_facts, newest_words)]:
         yield _Item("user_messages", text)
     newest = list(reversed(evidence.actions))
     failing = [action for action in newest if action.errors]

@@ -4,8 +4,8 @@ removal ladder on overflow, then chunk-and-merge."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from proxy.core import budget
@@ -13,9 +13,11 @@ from proxy.core.elision import elide_text
 from proxy.core.messages import Message, content_text, with_text
 from proxy.core.tokens import TokenCounter
 from proxy.offload import LARGE_REPLY, off_loop_above, off_loop_if_large
-from proxy.summarizer import summary_check
+from proxy.summarizer import current_state, summary_check
+from proxy.summarizer.current_state import Correction
+from proxy.summarizer.evidence import Evidence, complete, gather, text_size
 from proxy.summarizer.result_removal import removal_ladder
-from proxy.summarizer.summary import StructuredSummary
+from proxy.summarizer.summary import StructuredSummary, rendered_text
 from proxy.summarizer.summary_run import (
     ChatModel,
     ConversationPrefix,
@@ -41,6 +43,8 @@ MIN_ELIDABLE_TOKENS = 32
 # What one partial summary adds to a merge request besides its reply: its record in the transcript (~14 tokens)
 # and the rendering of its fields, which can come out a little longer than the JSON.
 RECORD_OVERHEAD_TOKENS = 20
+# Tokens of exact values (the user's words, errors, commands, files) a library caller's summary may gain by default.
+DEFAULT_EVIDENCE_ROOM = 512
 
 
 @dataclass(frozen=True)
@@ -54,16 +58,22 @@ class Summary:
     text: str
     strategy: str  # "prefix" | "direct" | "removed_tool_results_<percent>" | "chunked"
     evidence: int = 0  # entries the proxy added from the messages themselves (proxy.evidence)
+    corrections: tuple[Correction, ...] = ()  # what the checks after the model changed (proxy.current_state)
 
 
 async def summarize(model: ChatModel, messages: Sequence[Any], templates: Templates | None = None, *,
                     counter: TokenCounter | None = None, max_calls: int = NO_CALL_LIMIT,
-                    deadline: float | None = None, prefix: ConversationPrefix | None = None) -> Summary:
+                    deadline: float | None = None, prefix: ConversationPrefix | None = None,
+                    evidence_room: int | None = DEFAULT_EVIDENCE_ROOM, later: Sequence[Message] = ()) -> Summary:
     """Summarise `messages` into one user-role message, shrinking or splitting the work when it overflows.
 
     With `prefix` the first request is the conversation's own prefix plus one instruction (prefix layout); when
     that does not fit, the transcript ladder follows. At most `max_calls` requests are sent, and the whole summary
     (every call) must be done within `deadline` seconds: a hostile history cannot buy unbounded calls or minutes.
+    The checks after the model (proxy.current_state) always run; with `evidence_room` the user's words, errors,
+    commands and files the model left out are added from `messages` within that many tokens (the proxy passes
+    None and adds them itself, by the same `with_evidence`, within its plan's budget). `later` are the messages
+    that stay after the summary: a change of mind there makes a value replaced too.
     """
     history = list(messages)
     if not history:
@@ -74,6 +84,10 @@ async def summarize(model: ChatModel, messages: Sequence[Any], templates: Templa
             strategy, reply = await _summarize_history(run, history, prefix)
             await off_loop_above(LARGE_REPLY, len(reply), _judge, reply, history)
             structured, text = await run.parse(reply), await run.text_of(reply)
+            corrections: tuple[Correction, ...] = ()
+            if structured is not None:
+                structured, corrections, text = await off_loop_above(LARGE_REPLY, len(reply), _checked, structured,
+                                                                     [*history, *later], text, run.templates)
     except TimeoutError:
         error = SummarizerError(f"the summary took longer than its deadline of {deadline:g}s")
         error.usage, error.calls = dict(run.usage), run.calls
@@ -81,8 +95,38 @@ async def summarize(model: ChatModel, messages: Sequence[Any], templates: Templa
     except SummarizerError as error:
         error.usage, error.calls = dict(run.usage), run.calls
         raise
-    return Summary(message={"role": "user", "content": text}, usage=dict(run.usage), calls=run.calls,
-                   structured=structured, text=text, strategy=strategy)
+    summary = Summary(message={"role": "user", "content": text}, usage=dict(run.usage), calls=run.calls,
+                      structured=structured, text=text, strategy=strategy, corrections=corrections)
+    if evidence_room is None:
+        return summary
+    found = await off_loop_if_large(text_size(history), gather, history)
+    return with_evidence(summary, found, evidence_room, run.counter.count_text, run.templates)
+
+
+def with_evidence(summary: Summary, evidence: Evidence, room: int, count: Callable[[str], int],
+                  templates: Templates, *, exact_room: int = 0) -> Summary:
+    """The summary with the evidence it lacks (proxy.evidence.complete), within `room` tokens and `exact_room`
+    more for exact values, rendered again; the same summary when nothing was added."""
+    structured, added = complete(summary.structured, summary.text, evidence, room, count, exact_room=exact_room)
+    if not added:
+        return summary
+    if (rendered := rendered_text(structured, templates)) is None:
+        return summary
+    # A reply that did not parse stays verbatim, the evidence after it.
+    text = rendered if summary.structured is not None else f"{summary.text}\n\n{rendered}"
+    return replace(summary, message={**summary.message, "content": text}, text=text, evidence=added,
+                   structured=structured if summary.structured is not None else None)
+
+
+def _checked(structured: StructuredSummary, history: list[Message], text: str,
+             templates: Templates) -> tuple[StructuredSummary, tuple[Correction, ...], str]:
+    """The deterministic checks applied (proxy.current_state), and the summary rendered again when they changed
+    it; the proxy's path and the library's both come through here."""
+    checked, corrections = current_state.corrected(structured, history)
+    if not corrections:
+        return structured, (), text
+    rendered = rendered_text(checked, templates)
+    return checked, corrections, rendered if rendered is not None else text
 
 
 def _judge(reply: str, history: list[Message]) -> None:

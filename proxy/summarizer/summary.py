@@ -1,4 +1,5 @@
-"""The structured nine-field summary: find it in a summariser reply, coerce it leniently, render it."""
+"""The structured summary (goose's nine fields, and the decisions and constraints in force): find it in a
+summariser reply, coerce it leniently, render it."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from typing import Any
 from proxy.summarizer.fence import code_fence
 from proxy.summarizer.templates import Templates, default_templates
 
-__all__ = ["FileNote", "StructuredSummary", "code_fence", "summary_text"]
+__all__ = ["Decision", "FileNote", "StructuredSummary", "code_fence", "summary_text"]
 
 log = logging.getLogger("proxy.summary")
 
 LIST_FIELDS = (
+    "constraints",
     "user_intent",
     "technical_concepts",
     "errors_and_fixes",
@@ -26,9 +28,13 @@ LIST_FIELDS = (
     "pending_tasks",
 )
 TEXT_FIELDS = ("current_work", "next_step")
-FIELD_NAMES = ("user_intent", "technical_concepts", "files", "errors_and_fixes", "problem_solving",
-               "user_messages", "pending_tasks", "current_work", "next_step")
+# The current state first (decisions and constraints, rendered before the history), then goose's nine fields.
+FIELD_NAMES = ("decisions", "constraints", "user_intent", "technical_concepts", "files", "errors_and_fixes",
+               "problem_solving", "user_messages", "pending_tasks", "current_work", "next_step")
 _FILE_KEYS = ("path", "summary", "key_code")
+_DECISION_KEYS = ("topic", "current", "replaced", "said")
+# What models also call a decision's current value.
+_CURRENT_ALIASES = ("current", "value", "decision", "choice", "now")
 
 _TERMINATOR = "</analysis>"
 _JSON_FENCE = "```json"
@@ -57,9 +63,22 @@ class FileNote:
 
 
 @dataclass(frozen=True)
-class StructuredSummary:
-    """The nine summary fields (lists most-important-first) plus any unknown keys the model added."""
+class Decision:
+    """A decision in force: what it is about, its current value, the values it replaced (never current), and the
+    user's words that settled it."""
 
+    topic: str | None
+    current: str | None
+    replaced: tuple[str, ...] = ()
+    said: str | None = None
+
+
+@dataclass(frozen=True)
+class StructuredSummary:
+    """The summary fields (lists most-important-first) plus any unknown keys the model added."""
+
+    decisions: tuple[Decision, ...] = ()
+    constraints: tuple[str, ...] = ()
     user_intent: tuple[str, ...] = ()
     technical_concepts: tuple[str, ...] = ()
     files: tuple[FileNote, ...] = ()
@@ -89,6 +108,8 @@ class StructuredSummary:
     def from_dict(cls, data: Mapping[str, Any]) -> StructuredSummary:
         """Coerce a decoded object leniently: wrong shapes become text, blanks and nulls vanish."""
         return cls(
+            decisions=_decisions(data.get("decisions")),
+            constraints=_text_list(data.get("constraints")),
             user_intent=_text_list(data.get("user_intent")),
             technical_concepts=_text_list(data.get("technical_concepts")),
             files=_file_notes(data.get("files")),
@@ -106,8 +127,10 @@ class StructuredSummary:
         return not any(getattr(self, name) for name in FIELD_NAMES)
 
     def to_fields(self) -> dict[str, Any]:
-        """Template variables: the nine fields, `extra`, and each extra key that names no other variable."""
+        """Template variables: the fields, `extra`, and each extra key that names no other variable."""
         known: dict[str, Any] = {name: list(getattr(self, name)) for name in LIST_FIELDS}
+        known["decisions"] = [{"topic": d.topic, "current": d.current, "replaced": list(d.replaced), "said": d.said}
+                              for d in self.decisions]
         known.update({name: getattr(self, name) for name in TEXT_FIELDS})
         known["files"] = [{key: getattr(note, key) for key in _FILE_KEYS} for note in self.files]
         known["extra"] = dict(self.extra)
@@ -227,6 +250,22 @@ def _text(value: Any) -> str | None:
 def _text_list(value: Any) -> tuple[str, ...]:
     items = value if isinstance(value, list) else [value]
     return tuple(text for item in items if (text := _text(item)))
+
+
+def _decisions(value: Any) -> tuple[Decision, ...]:
+    entries = value if isinstance(value, list) else [value]
+    return tuple(decision for entry in entries if (decision := _decision(entry)) is not None)
+
+
+def _decision(entry: Any) -> Decision | None:
+    """One decision: an object with its keys (or the names models use for them), or a bare text as its value."""
+    if not isinstance(entry, Mapping):
+        text = _text(entry)
+        return Decision(None, text) if text else None
+    current = next((text for key in _CURRENT_ALIASES if (text := _text(entry.get(key)))), None)
+    decision = Decision(_single_line(_text(entry.get("topic"))), current, _text_list(entry.get("replaced")),
+                        _text(entry.get("said")))
+    return decision if decision.current or decision.replaced else None
 
 
 def _file_notes(value: Any) -> tuple[FileNote, ...]:

@@ -1,4 +1,4 @@
-"""The JSON schema of the nine-field summary, built from proxy.summary's own field names for `response_format`."""
+"""The JSON schema of the structured summary, built from proxy.summary's own field names for `response_format`."""
 
 from __future__ import annotations
 
@@ -10,12 +10,16 @@ from proxy.summarizer.summary import FIELD_NAMES, LIST_FIELDS, TEXT_FIELDS, File
 
 SCHEMA_NAME = "conversation_summary"
 _FILES = "files"
+_DECISIONS = "decisions"
 
 
 CHARS_PER_TOKEN = 3         # a cautious average for paths, numbers and prose: bounds are meant to hold
-FIELD_KEYS_TOKENS = 60      # the nine keys, the braces and the separators between fields
+FIELD_KEYS_TOKENS = 70      # the eleven keys, the braces and the separators between fields
 STRING_OVERHEAD_TOKENS = 3  # the quotes and the comma around each string
 FILE_KEYS_TOKENS = 12       # the keys and braces of one file entry
+DECISION_KEYS_TOKENS = 14   # the keys and braces of one decision
+MAX_REPLACED = 2            # replaced values kept per decision: the latest ones matter
+DECISION_STRINGS = 3 + MAX_REPLACED  # topic, current, said, and the replaced values
 MIN_STRING_CHARS = 80       # items are given up before strings shrink below this (while more than one item fits)
 MAX_LIST_ITEMS = 8
 
@@ -32,10 +36,12 @@ def schema_bounds(limit: int) -> Bounds:
     """Bounds under which a grammar-constrained reply (llama.cpp enforces maxItems and maxLength) must end within
     `limit` tokens: a weak model that loops inside a list or a string is stopped by the grammar, not cut off.
     As many items per list as leave strings of MIN_STRING_CHARS; one item with shorter strings if none do."""
-    per_item = len(LIST_FIELDS) + len(fields(FileNote))  # strings added by one more item in every list
+    # strings added by one more item in every list
+    per_item = len(LIST_FIELDS) + len(fields(FileNote)) + DECISION_STRINGS
     for items in range(MAX_LIST_ITEMS, 0, -1):
         slots = items * per_item + len(TEXT_FIELDS)
-        room = limit - FIELD_KEYS_TOKENS - STRING_OVERHEAD_TOKENS * slots - FILE_KEYS_TOKENS * items
+        room = limit - FIELD_KEYS_TOKENS - STRING_OVERHEAD_TOKENS * slots - \
+            (FILE_KEYS_TOKENS + DECISION_KEYS_TOKENS) * items
         chars = room * CHARS_PER_TOKEN // slots
         if chars >= MIN_STRING_CHARS or items == 1:
             return Bounds(items, max(1, chars))
@@ -69,6 +75,8 @@ def _field_schema(name: str, bounds: Bounds | None = None) -> dict[str, Any]:
         return _string(bounds)
     if name == _FILES:
         return _array(_file_schema(bounds), bounds)
+    if name == _DECISIONS:
+        return _array(_decision_schema(bounds), bounds)
     # A field added to proxy.summary must say here what shape it has; failing at import shows that at once.
     raise ValueError(f"summary field {name!r} has no schema")
 
@@ -82,4 +90,14 @@ def _file_schema(bounds: Bounds | None) -> dict[str, Any]:
             "additionalProperties": False}
 
 
+def _decision_schema(bounds: Bounds | None) -> dict[str, Any]:
+    """One Decision: its topic and current value required, what it replaced and the user's words optional."""
+    return {"type": "object",
+            "properties": {"topic": _string(bounds), "current": _string(bounds),
+                           "replaced": {**_array(_string(bounds), bounds), "maxItems": MAX_REPLACED},
+                           "said": _string(bounds)},
+            "required": ["topic", "current"], "additionalProperties": False}
+
+
 summary_schema()  # at import: a summary field without a schema fails here, not at the first summary
+

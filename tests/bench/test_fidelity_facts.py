@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from bench.fidelity_drive import NEW_SUMMARY, drive, planted_by
 from bench.fidelity_facts import (
     KINDS,
     SHAPES,
+    STALE_SEP,
     Conversation,
     Fact,
     contains,
@@ -118,6 +120,28 @@ def test_overridden_decisions_are_graded_by_the_new_value_and_the_old_one_is_sta
     assert grade("We use SNAPFMT_raven_7b7.", fact) == {"correct": True, "stale": False}
     assert grade("snapfmt_amber_7ef", fact) == {"correct": False, "stale": True}
     assert grade("no idea", fact) == {"correct": False, "stale": False}
+
+
+def test_the_decisions_shape_asks_for_current_values_and_knows_every_replaced_one() -> None:
+    conversation = generate(3, window=3072, cycles=3, shape="decisions")
+    facts = {fact.key: fact for fact in conversation.facts}
+    assert {"prohibition", "people", "override2", "constraint"} <= set(facts) and "override" not in facts
+    final = facts["override2"]
+    first, second = (final.stale or "").split(STALE_SEP)
+    assert grade(f"We use {final.value}.", final) == {"correct": True, "stale": False}
+    for replaced in (first, second):
+        assert grade(f"{replaced}, I think", final) == {"correct": False, "stale": True}
+    people = facts["people"]
+    assert grade(people.stale or "", people) == {"correct": False, "stale": True}  # the other, similar name
+
+
+
+@pytest.mark.parametrize(("shape", "digest"), [("spread", "b9067b9d53918676"), ("front", "0f1d704fa89d0052")])
+def test_the_other_shapes_are_what_they_were_for_a_seed(shape: str, digest: str) -> None:
+    """The published fidelity runs stay reproducible: the decisions shape's values come from a generator of their
+    own (these digests were taken before it was added)."""
+    conversation = generate(3, window=3072, cycles=3, shape=shape)
+    assert hashlib.sha256(json.dumps(conversation.to_json(), sort_keys=True).encode()).hexdigest()[:16] == digest
 
 
 @pytest.mark.parametrize(("answer", "value", "expected"), [

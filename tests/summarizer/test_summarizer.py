@@ -473,7 +473,7 @@ async def test_an_empty_reply_is_an_error(content: Any, templates: Templates) ->
 
 async def test_a_reply_in_text_parts_is_joined(templates: Templates) -> None:
     parts = [{"type": "text", "text": "first half, "}, {"type": "text", "text": "second half"}]
-    summary = await summarize(ScriptedModel(reply=parts), chat(2), templates)
+    summary = await summarize(ScriptedModel(reply=parts), chat(2), templates, evidence_room=None)
     assert summary.text == "first half, second half"
 
 
@@ -557,7 +557,7 @@ async def test_estimated_usage_is_summed_across_chunks(templates: Templates, cou
 async def test_structured_reply_is_rendered(templates: Templates) -> None:
     reply = ("<analysis>notes</analysis>\n```json\n"
              + json.dumps({"user_intent": ["ship it"], "next_step": "run `make release`"}) + "\n```")
-    summary = await summarize(ScriptedModel(reply=reply), chat(2), templates)
+    summary = await summarize(ScriptedModel(reply=reply), chat(2), templates, evidence_room=None)
     assert summary.structured is not None and summary.structured.user_intent == ("ship it",)
     assert summary.text.startswith("# Conversation Summary") and "## Next Step" in summary.text
     assert "notes" not in summary.text
@@ -566,7 +566,7 @@ async def test_structured_reply_is_rendered(templates: Templates) -> None:
 
 async def test_unparsable_reply_is_kept_verbatim(templates: Templates) -> None:
     reply = "  The user asked for retries; see proxy/app.py.\n```json\n{\"user_intent\": [\"cut off"
-    summary = await summarize(ScriptedModel(reply=reply), chat(2), templates)
+    summary = await summarize(ScriptedModel(reply=reply), chat(2), templates, evidence_room=None)
     assert summary.structured is None
     assert summary.text == reply and summary.message == {"role": "user", "content": reply}
 

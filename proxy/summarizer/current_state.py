@@ -1,0 +1,159 @@
+"""Deterministic checks after the summariser writes: no replaced value named as current, no reply copied as the
+plan, the user's rules in the user's words."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from proxy.core.messages import Message, content_text, role
+from proxy.summarizer.summary import Decision, StructuredSummary
+
+# Fields that state what is current: a value the conversation replaced must not appear there as if it were.
+CURRENT_LIST_FIELDS = ("user_intent", "pending_tasks")
+CURRENT_TEXT_FIELDS = ("current_work", "next_step")
+# A user's word for a change of mind, and the old and new values around it. A value is one token: an identifier,
+# a path, a version, a backticked span.
+_VALUE = r"`([^`\n]{1,80})`|([\w][\w./:@+-]{1,80})"
+_OVERRIDES = (
+    re.compile(rf"\buse\s+(?:{_VALUE})\s+(?:instead\s+of|rather\s+than)\s+(?:{_VALUE})", re.IGNORECASE),
+    re.compile(rf"\bswitch(?:ed)?\s+from\s+(?:{_VALUE})\s+to\s+(?:{_VALUE})", re.IGNORECASE),
+    re.compile(rf"\breplace\s+(?:{_VALUE})\s+with\s+(?:{_VALUE})", re.IGNORECASE),
+)
+# Which group pair of each pattern is (new, old): "use NEW instead of OLD" names the new value first.
+_NEW_FIRST = (True, False, False)
+# A bare word is a value only when it looks like one (a name with a capital, a digit or punctuation inside):
+# "use caching instead of polling" names no value to police; "use Postgres instead of SQLite" does.
+_VALUE_LIKE = re.compile(r"[A-Z0-9_./:@+-]")
+# A copied reply: the plan must not be the assistant's own words; below this many characters a match is chance.
+MIN_COPIED_CHARS = 40
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(])")
+_SPACE = re.compile(r"\s+")
+_SHOWN = 80
+
+
+@dataclass(frozen=True)
+class Correction:
+    """One change the checks made, for the compaction's log line."""
+
+    field: str
+    rule: str  # "replaced_value" | "copied_reply" | "decision_current"
+    text: str  # what was dropped or rewritten, shortened
+
+    def as_log(self) -> dict[str, str]:
+        """The field and the rule only: the text is the conversation's, and logs never carry a client's words."""
+        return {"field": self.field, "rule": self.rule}
+
+
+def overrides(messages: Sequence[Message]) -> list[tuple[str, str]]:
+    """(old, new) for each change of mind the user stated in so many words, oldest first."""
+    found: list[tuple[int, int, str, str]] = []
+    for index, message in enumerate(messages):
+        if role(message) != "user":
+            continue
+        text = content_text(message.get("content"))
+        for pattern, new_first in zip(_OVERRIDES, _NEW_FIRST, strict=True):
+            for match in pattern.finditer(text):
+                first, second = _value(match.group(1), match.group(2)), _value(match.group(3), match.group(4))
+                if first is None or second is None:
+                    continue
+                new, old = (first, second) if new_first else (second, first)
+                found.append((index, match.start(), old, new))
+    return [(old, new) for _, _, old, new in sorted(found) if old.lower() != new.lower()]
+
+
+def _value(quoted: str | None, bare: str | None) -> str | None:
+    if quoted:
+        return quoted.strip()
+    word = (bare or "").rstrip(".,;:")
+    return word if len(word) >= 2 and _VALUE_LIKE.search(word) else None
+
+
+def replaced_values(summary: StructuredSummary, stated: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Each replaced value, and the value now current in its place (from the user's own words, then from the
+    summary's decisions); a value chosen again later is current, not replaced."""
+    current: dict[str, str] = {}
+    pairs = [*((old, d.current or "") for d in summary.decisions for old in d.replaced), *stated]
+    for old, new in pairs:
+        current[old.lower()] = new
+        current.pop(new.lower(), None)
+        for key, value in list(current.items()):  # A -> B, then B -> C: A's current value is C
+            if value.lower() == old.lower():
+                current[key] = new
+    return {old: new for old, new in current.items() if len(old) >= 2}
+
+
+def corrected(summary: StructuredSummary, messages: Sequence[Message]) -> tuple[StructuredSummary,
+                                                                                tuple[Correction, ...]]:
+    """The summary with the checks applied, and what they changed (nothing: the same summary)."""
+    stated = overrides(messages)
+    replaced = replaced_values(summary, stated)
+    corrections: list[Correction] = []
+    changes: dict[str, object] = {}
+    decisions = _current_decisions(summary.decisions, replaced, corrections)
+    if decisions != summary.decisions:
+        changes["decisions"] = decisions
+    for name in CURRENT_LIST_FIELDS:
+        items: tuple[str, ...] = getattr(summary, name)
+        kept = tuple(item for item in items if not _names_replaced(item, replaced, name, corrections))
+        if kept != items:
+            changes[name] = kept
+    for name in CURRENT_TEXT_FIELDS:
+        text: str | None = getattr(summary, name)
+        if text is None:
+            continue
+        kept_text = " ".join(s for s in _SENTENCE.split(text) if not _names_replaced(s, replaced, name, corrections))
+        if name == "next_step" and kept_text and _copied(kept_text, messages):
+            corrections.append(Correction(name, "copied_reply", _short(kept_text)))
+            kept_text = ""
+        if kept_text != text:
+            changes[name] = kept_text or None
+    return (replace(summary, **changes) if changes else summary), tuple(corrections)  # type: ignore[arg-type]
+
+
+def _current_decisions(decisions: tuple[Decision, ...], replaced: dict[str, str],
+                       corrections: list[Correction]) -> tuple[Decision, ...]:
+    """A decision whose current value was replaced since names its replacement, the old value marked replaced."""
+    fixed = []
+    for decision in decisions:
+        now = decision.current
+        if now is not None and now.lower() in replaced and replaced[now.lower()]:
+            corrections.append(Correction("decisions", "decision_current", _short(now)))
+            decision = Decision(decision.topic, replaced[now.lower()], (*decision.replaced, now), decision.said)
+        fixed.append(decision)
+    return tuple(fixed)
+
+
+def _names_replaced(text: str, replaced: dict[str, str], name: str, corrections: list[Correction]) -> bool:
+    """Whether `text` names a replaced value without naming what replaced it (then it states it as current)."""
+    for old, new in replaced.items():
+        if _mentions(text, old) and not (new and _mentions(text, new)):
+            corrections.append(Correction(name, "replaced_value", _short(text)))
+            return True
+    return False
+
+
+def _mentions(text: str, value: str) -> bool:
+    return re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w-])", text, re.IGNORECASE) is not None
+
+
+def _copied(text: str, messages: Sequence[Message]) -> bool:
+    """Whether `text` is an assistant reply's words (or holds one whole), after folding case and spaces."""
+    mine = _folded(text)
+    if len(mine) < MIN_COPIED_CHARS:
+        return False
+    for message in messages:
+        if role(message) == "assistant":
+            theirs = _folded(content_text(message.get("content")))
+            if len(theirs) >= MIN_COPIED_CHARS and (mine in theirs or theirs in mine):
+                return True
+    return False
+
+
+def _folded(text: str) -> str:
+    return _SPACE.sub(" ", text).strip().lower()
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN - 1]}…"

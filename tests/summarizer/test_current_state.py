@@ -1,0 +1,109 @@
+"""proxy.summarizer.current_state: replaced values never stated as current, no reply copied as the plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.summarizer.current_state import corrected, overrides, replaced_values
+from proxy.summarizer.summary import Decision, StructuredSummary
+
+OVERRIDE = {"role": "user", "content": "One change: use snapfmt_new_2 instead of snapfmt_old_1 for the snapshots."}
+REPLY = ("I will write the ledger snapshots with the new format and then run the remaining reconcile checks "
+         "on every shard.")
+HISTORY = [{"role": "user", "content": "Fix the reconcile tests."}, {"role": "assistant", "content": REPLY},
+           OVERRIDE]
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    ("use snapfmt_new_2 instead of snapfmt_old_1", [("snapfmt_old_1", "snapfmt_new_2")]),
+    ("Please use `fmt b` rather than `fmt a`.", [("fmt a", "fmt b")]),
+    ("switch from SQLite to Postgres, thanks", [("SQLite", "Postgres")]),
+    ("Replace v1.2 with v1.3.", [("v1.2", "v1.3")]),
+    ("use caching instead of polling", []),  # words, not values: nothing to police
+    ("use the cache instead", []),
+    ("switch from SQLite to sqlite", []),  # the same value
+])
+def test_overrides_are_read_from_the_users_own_words(text: str, found: list[tuple[str, str]]) -> None:
+    assert overrides([{"role": "user", "content": text}]) == found
+
+
+def test_an_assistant_or_a_tool_stating_a_change_is_not_the_user_deciding() -> None:
+    said = "use snapfmt_new_2 instead of snapfmt_old_1"
+    assert overrides([{"role": "assistant", "content": said}, {"role": "tool", "content": said}]) == []
+
+
+def test_a_chain_of_overrides_leaves_only_the_latest_current() -> None:
+    stated = overrides([{"role": "user", "content": "switch from A_1 to B_2"},
+                        {"role": "user", "content": "switch from B_2 to C_3"}])
+    assert replaced_values(StructuredSummary(), stated) == {"a_1": "C_3", "b_2": "C_3"}
+    back = [*stated, ("C_3", "A_1")]  # and back to the first: A is current again
+    assert replaced_values(StructuredSummary(), back) == {"b_2": "A_1", "c_3": "A_1"}
+
+
+# (field, the model's value, the value after the checks)
+CASES: list[tuple[str, Any, Any]] = [
+    ("current_work", "Writing snapshots in snapfmt_old_1. The tests pass.", "The tests pass."),
+    ("current_work", "Moving from snapfmt_old_1 to snapfmt_new_2.", "Moving from snapfmt_old_1 to snapfmt_new_2."),
+    ("current_work", "Writing snapshots in snapfmt_old_1.", None),
+    ("next_step", "Write the next snapshot in snapfmt_old_1.", None),
+    ("next_step", REPLY, None),  # the assistant's own words, copied
+    ("next_step", "Run the remaining checks.", "Run the remaining checks."),
+    ("user_intent", ("Use snapfmt_old_1 for snapshots", "Fix the tests"), ("Fix the tests",)),
+    ("pending_tasks", ("Convert to snapfmt_old_1", "Use snapfmt_new_2"), ("Use snapfmt_new_2",)),
+    ("user_messages", (OVERRIDE["content"],), (OVERRIDE["content"],)),  # the user's words are history, kept
+    ("problem_solving", ("Tried snapfmt_old_1 first",), ("Tried snapfmt_old_1 first",)),
+    ("current_work", "snapfmt_old_1x is another name.", "snapfmt_old_1x is another name."),  # not the value
+]
+
+
+@pytest.mark.parametrize(("name", "written", "checked"), CASES)
+def test_a_replaced_value_is_never_stated_as_current(name: str, written: Any, checked: Any) -> None:
+    summary = StructuredSummary(**{name: written})
+    fixed, corrections = corrected(summary, HISTORY)
+    assert getattr(fixed, name) == checked
+    assert bool(corrections) is (checked != written)
+    assert all(correction.field == name for correction in corrections)
+
+
+def test_a_decision_naming_the_replaced_value_names_its_replacement() -> None:
+    summary = StructuredSummary(decisions=(Decision("snapshot format", "snapfmt_old_1"),))
+    fixed, [correction] = corrected(summary, HISTORY)
+    assert fixed.decisions == (Decision("snapshot format", "snapfmt_new_2", ("snapfmt_old_1",)),)
+    assert (correction.field, correction.rule) == ("decisions", "decision_current")
+
+
+def test_the_models_own_decisions_police_the_other_fields() -> None:
+    summary = StructuredSummary(decisions=(Decision("db", "Postgres", ("SQLite",)),),
+                                current_work="Creating the SQLite schema.", next_step="Test on Postgres.")
+    fixed, corrections = corrected(summary, [{"role": "user", "content": "Fix it."}])
+    assert (fixed.current_work, fixed.next_step) == (None, "Test on Postgres.")
+    assert [correction.rule for correction in corrections] == ["replaced_value"]
+
+
+def test_a_summary_with_nothing_to_correct_is_the_same_object() -> None:
+    summary = StructuredSummary(user_intent=("Fix the tests",), next_step="Run them.")
+    assert corrected(summary, HISTORY) == (summary, ())
+
+
+@pytest.mark.parametrize(("data", "decisions"), [
+    ({}, ()),  # the nine-field shape: no decisions
+    ({"decisions": [{"topic": "db", "current": "Postgres", "replaced": ["SQLite"], "said": "use Postgres"}]},
+     (Decision("db", "Postgres", ("SQLite",), "use Postgres"),)),
+    ({"decisions": [{"topic": "db", "value": "Postgres"}]}, (Decision("db", "Postgres"),)),
+    ({"decisions": ["Postgres for the database"]}, (Decision(None, "Postgres for the database"),)),
+    ({"decisions": {"topic": "db", "choice": "Postgres", "replaced": "SQLite"}},
+     (Decision("db", "Postgres", ("SQLite",)),)),
+    ({"decisions": [{"topic": "db"}, None, ""]}, ()),  # nothing current, nothing replaced: no decision
+])
+def test_the_parser_reads_old_and_new_shapes(data: dict[str, Any], decisions: tuple[Decision, ...]) -> None:
+    parsed = StructuredSummary.from_dict({"user_intent": ["x"], **data})
+    assert parsed.decisions == decisions and parsed.user_intent == ("x",)
+
+
+def test_decisions_and_constraints_render_first_and_mark_what_was_replaced() -> None:
+    text = StructuredSummary(decisions=(Decision("db", "Postgres", ("SQLite",), "use Postgres instead"),),
+                             constraints=("Never touch vendor/",), user_intent=("ship it",)).render()
+    assert text.index("## Current Decisions") < text.index("## Constraints") < text.index("## User Intent")
+    assert "- db: Postgres (replaced, no longer current: SQLite)" in text
