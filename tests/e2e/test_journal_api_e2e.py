@@ -17,6 +17,7 @@ from tests.e2e.test_compaction_e2e import WINDOW, big_history, compaction_config
 from tests.fakes.agent import AgentModel, run_agent
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
+from tests.ports import free_port
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 from tests.replicas import ReplicaFactory, replicas  # noqa: F401  (fixture)
 from tests.sdk import async_client
@@ -301,3 +302,14 @@ async def test_two_replicas_share_one_journal(kind: str, model: WindowedModel, f
     assert len(await settled(a.url, operator, conversations=2)) == 2
     status, _ = await read(a.url, f"/events/{answer['x-compaction-id']}", bearer(KEY, "globex"))
     assert status == 404
+
+
+async def test_a_journal_that_cannot_be_read_is_503_and_serving_goes_on(model: WindowedModel,
+                                                                         make_proxy: ProxyFactory) -> None:
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: the store and the journal are down
+    proxy = await make_proxy({**journal_config(), "store": {"kind": "redis", "url": unreachable,
+                                                            "timeout_seconds": 0.2}})
+    answer = await compacted(proxy.url)
+    assert answer["x-compaction"] == "proactive"  # a journal write that fails costs the request nothing
+    status, body = await read(proxy.url, "/conversations", bearer(KEY))
+    assert status == 503 and body["error"]["code"] == "journal_unavailable"
