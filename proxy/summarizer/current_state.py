@@ -30,6 +30,9 @@ _VALUE_LIKE = re.compile(r"[A-Z0-9_./:@+-]")
 MIN_COPIED_CHARS = 40
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(])")
 _SPACE = re.compile(r"\s+")
+_WORD = re.compile(r"[\w./:@+-]+")
+# An exact value inside a constraint: a token with a digit or inner punctuation (a path, a host, a version).
+_EXACT = re.compile(r"\d|\w[_/.:@-]\w|/$")
 _SHOWN = 80
 
 
@@ -38,7 +41,7 @@ class Correction:
     """One change the checks made, for the compaction's log line."""
 
     field: str
-    rule: str  # "replaced_value" | "copied_reply" | "decision_current"
+    rule: str  # "replaced_value" | "copied_reply" | "decision_current" | "quoted"
     text: str  # what was dropped or rewritten, shortened
 
     def as_log(self) -> dict[str, str]:
@@ -109,7 +112,30 @@ def corrected(summary: StructuredSummary, messages: Sequence[Message]) -> tuple[
             kept_text = ""
         if kept_text != text:
             changes[name] = kept_text or None
+    constraints = _quoted(summary.constraints, messages, corrections)
+    if constraints != summary.constraints:
+        changes["constraints"] = constraints
     return (replace(summary, **changes) if changes else summary), tuple(corrections)  # type: ignore[arg-type]
+
+
+def _quoted(constraints: tuple[str, ...], messages: Sequence[Message],
+            corrections: list[Correction]) -> tuple[str, ...]:
+    """Each constraint in the user's own words: one the model paraphrased, whose exact values (a path, a name with
+    a digit or punctuation) a user's sentence holds, becomes that sentence (the latest such), quoted as said."""
+    sentences = [sentence.strip() for message in messages if role(message) == "user"
+                 for sentence in _SENTENCE.split(content_text(message.get("content"))) if sentence.strip()]
+    said = _folded(" ".join(sentences))
+    quoted = []
+    for item in constraints:
+        values = {token.strip(".,:;()\"'") for token in _WORD.findall(item)} - {""}
+        values = {value for value in values if _EXACT.search(value)}
+        holding = [sentence for sentence in sentences if all(_mentions(sentence, value) for value in values)]
+        if _folded(item) in said or not values or not holding:
+            quoted.append(item)
+            continue
+        corrections.append(Correction("constraints", "quoted", _short(item)))
+        quoted.append(holding[-1])
+    return tuple(dict.fromkeys(quoted))
 
 
 def _current_decisions(decisions: tuple[Decision, ...], replaced: dict[str, str],

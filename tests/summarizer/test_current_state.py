@@ -107,3 +107,31 @@ def test_decisions_and_constraints_render_first_and_mark_what_was_replaced() -> 
                              constraints=("Never touch vendor/",), user_intent=("ship it",)).render()
     assert text.index("## Current Decisions") < text.index("## Constraints") < text.index("## User Intent")
     assert "- db: Postgres (replaced, no longer current: SQLite)" in text
+
+
+RULES = [{"role": "user", "content": "Fix the tests. Never touch third_party/amber_1234/: it is a pinned copy."},
+         {"role": "assistant", "content": "Only ledger-staging-9 is safe, I think."},
+         {"role": "user", "content": "Careful: never run migrations on ledger-prod-4. Only ledger-staging-7 may "
+                                     "be migrated."}]
+
+
+@pytest.mark.parametrize(("written", "quoted"), [
+    ("Do not modify third_party/amber_1234/", "Never touch third_party/amber_1234/: it is a pinned copy."),
+    ("Only migrate ledger-staging-7", "Only ledger-staging-7 may be migrated."),
+    ("Never touch third_party/amber_1234/: it is a pinned copy.",
+     "Never touch third_party/amber_1234/: it is a pinned copy."),  # the user's words already
+    ("Keep the tests fast", "Keep the tests fast"),  # no exact value to find the user's sentence by
+    ("Only migrate ledger-staging-9", "Only migrate ledger-staging-9"),  # the assistant said it, not the user
+    ("Migrate ledger-staging-7, never ledger-prod-4", "Migrate ledger-staging-7, never ledger-prod-4"),  # two sentences
+])
+def test_a_paraphrased_constraint_becomes_the_users_sentence(written: str, quoted: str) -> None:
+    fixed, corrections = corrected(StructuredSummary(constraints=(written,)), RULES)
+    assert fixed.constraints == (quoted,)
+    assert [c.rule for c in corrections] == (["quoted"] if quoted != written else [])
+
+
+def test_a_constraint_quoted_twice_is_kept_once() -> None:
+    fixed, _ = corrected(StructuredSummary(constraints=("Do not modify third_party/amber_1234/",
+                                                        "Never touch third_party/amber_1234/: it is a pinned copy.")),
+                         RULES)
+    assert fixed.constraints == ("Never touch third_party/amber_1234/: it is a pinned copy.",)
