@@ -276,11 +276,14 @@ class JournalConfig(_Frozen):
 
     enabled: bool = True
     # Events in all (summaries, stage events, failures): past this the oldest goes first.
-    max_events: int = Field(10000, ge=1)
+    max_events: int = Field(2000, ge=1)
     # Conversations listed: past this the least recently seen goes, with its requests.
-    max_conversations: int = Field(2000, ge=1)
+    max_conversations: int = Field(1000, ge=1)
     # Requests kept per conversation (the points of its chart): past this the oldest goes.
-    max_points: int = Field(500, ge=1)
+    max_points: int = Field(200, ge=1)
+    # The memory journal's bound in bytes (summaries and points); past it the oldest event or the least recently
+    # seen conversation goes. SQLite and Redis keep to the counts above.
+    max_bytes: int = Field(32 * MIB, ge=1)
     # Seconds an entry is kept; unset = the store's ttl_seconds.
     ttl_seconds: float | None = Field(None, gt=0)
 

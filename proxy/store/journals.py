@@ -11,7 +11,8 @@ from proxy.store.sqlite_journal import SqliteJournal
 def bounds_of(store: StoreConfig, journal: JournalConfig) -> JournalBounds:
     """The journal's bounds; its TTL is the store's unless the journal sets its own."""
     return JournalBounds(max_events=journal.max_events, max_conversations=journal.max_conversations,
-                         max_points=journal.max_points, ttl_seconds=journal.ttl_seconds or store.ttl_seconds)
+                         max_points=journal.max_points, ttl_seconds=journal.ttl_seconds or store.ttl_seconds,
+                         max_bytes=journal.max_bytes)
 
 
 def open_journal(store: StoreConfig, journal: JournalConfig, on_error: ErrorCounter | None = None) -> Journal:

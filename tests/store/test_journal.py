@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from proxy.config import JournalConfig, StoreConfig
 from proxy.store.flights import StoreUnavailable
-from proxy.store.journal import Event, Journal, JournalBounds, MemoryJournal, Point, event_id
+from proxy.store.journal import POINT_BYTES, Event, Journal, JournalBounds, MemoryJournal, Point, event_bytes, event_id
 from proxy.store.journals import bounds_of, open_journal
 from proxy.store.redis_journal import RedisJournal
 from proxy.store.sqlite_journal import SqliteJournal
@@ -407,3 +407,38 @@ async def test_redis_keys_of_another_type_are_replaced_not_fatal(redis_server: R
     assert not errors
     await client.aclose()
     await journal.close()
+
+
+# --- memory: bytes ----------------------------------------------------------------------------------------------
+
+
+async def test_the_memory_journal_keeps_to_its_bytes_evicting_the_oldest_event_first() -> None:
+    big = 1024 * 1024  # each summary is charged about 4 MiB: its characters at up to four bytes
+    journal = MemoryJournal(JournalBounds(max_bytes=10 * 1024 * 1024, ttl_seconds=TTL), FakeClock())
+    events = [event(n).model_copy(update={"summary": "x" * big}) for n in range(5)]
+    for each in events:
+        await journal.record(each)
+        assert journal.total_bytes <= 10 * 1024 * 1024
+    kept = [each.id for each in events if await journal.event(None, each.id) is not None]
+    assert kept == [events[3].id, events[4].id]
+    await journal.record(events[4])  # the same event again is charged once
+    assert journal.total_bytes == sum(event_bytes(each) for each in events[3:])
+
+
+async def test_the_memory_journal_drops_the_least_recently_seen_conversation_when_points_fill_it() -> None:
+    journal = MemoryJournal(JournalBounds(max_bytes=POINT_BYTES * 10, ttl_seconds=TTL), FakeClock())
+    for n in range(6):
+        await journal.point(point(n, conversation=conversation_id(1)))
+    for n in range(6):
+        await journal.point(point(n, conversation=conversation_id(2)))
+    assert journal.total_bytes <= POINT_BYTES * 10
+    assert [info.id for info in await journal.conversations(None, 10)] == [conversation_id(2)]
+    detail = await journal.conversation(None, conversation_id(2))
+    assert detail is not None and len(detail.points) == 6
+
+
+async def test_bytes_are_given_back_when_points_roll_over() -> None:
+    journal = MemoryJournal(JournalBounds(max_points=3, ttl_seconds=TTL), FakeClock())
+    for n in range(10):
+        await journal.point(point(n))
+    assert journal.total_bytes == 3 * POINT_BYTES
