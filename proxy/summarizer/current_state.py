@@ -41,7 +41,7 @@ class Correction:
     """One change the checks made, for the compaction's log line."""
 
     field: str
-    rule: str  # "replaced_value" | "copied_reply" | "decision_current" | "quoted"
+    rule: str  # "replaced_value" | "copied_reply" | "decision_current" | "replaced_is_current" | "quoted"
     text: str  # what was dropped or rewritten, shortened
 
     def as_log(self) -> dict[str, str]:
@@ -143,6 +143,12 @@ def _current_decisions(decisions: tuple[Decision, ...], replaced: dict[str, str]
     """A decision whose current value was replaced since names its replacement, the old value marked replaced."""
     fixed = []
     for decision in decisions:
+        # A value is current or replaced, never both (a small model lists the current one among those it replaced).
+        if decision.current and any(old.lower() == decision.current.lower() for old in decision.replaced):
+            corrections.append(Correction("decisions", "replaced_is_current", _short(decision.current)))
+            decision = Decision(decision.topic, decision.current,
+                                tuple(old for old in decision.replaced if old.lower() != decision.current.lower()),
+                                decision.said)
         now = decision.current
         if now is not None and now.lower() in replaced and replaced[now.lower()]:
             corrections.append(Correction("decisions", "decision_current", _short(now)))

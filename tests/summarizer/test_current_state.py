@@ -135,3 +135,10 @@ def test_a_constraint_quoted_twice_is_kept_once() -> None:
                                                         "Never touch third_party/amber_1234/: it is a pinned copy.")),
                          RULES)
     assert fixed.constraints == ("Never touch third_party/amber_1234/: it is a pinned copy.",)
+
+
+def test_a_decision_listing_its_current_value_as_replaced_keeps_it_current() -> None:
+    summary = StructuredSummary(decisions=(Decision("task", "Fix the tests", ("Run pytest", "fix the tests")),))
+    fixed, [correction] = corrected(summary, [{"role": "user", "content": "Fix the tests."}])
+    assert fixed.decisions == (Decision("task", "Fix the tests", ("Run pytest",)),)
+    assert correction.rule == "replaced_is_current"
