@@ -86,8 +86,11 @@ async def summarize(model: ChatModel, messages: Sequence[Any], templates: Templa
             structured, text = await run.parse(reply), await run.text_of(reply)
             corrections: tuple[Correction, ...] = ()
             if structured is not None:
-                structured, corrections, text = await off_loop_above(LARGE_REPLY, len(reply), _checked, structured,
-                                                                     [*history, *later], text, run.templates)
+                # The checks read the whole history (every user and assistant message): a huge one is read in a
+                # thread, as the reply is.
+                read = [*history, *later]
+                structured, corrections, text = await off_loop_above(LARGE_REPLY, len(reply) + text_size(read),
+                                                                     _checked, structured, read, text, run.templates)
     except TimeoutError:
         error = SummarizerError(f"the summary took longer than its deadline of {deadline:g}s")
         error.usage, error.calls = dict(run.usage), run.calls
