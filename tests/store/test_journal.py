@@ -96,8 +96,10 @@ def sqlite_backend(path: Path) -> Backend:
                                        [(key, START, "{not json"), (key, START, foreign), (key, START, 42)])
         connection.close()
 
+    # A generous lock wait: by design a write that waits past it is dropped and counted, and these tests count
+    # writes (two journals on one file, on a busy 2-core machine, waited past the default second once).
     return Backend("sqlite", lambda bounds, clock, errors: SqliteJournal(
-        path, bounds, clock=clock, on_error=errors), corrupt)
+        path, bounds, clock=clock, on_error=errors, timeout_seconds=10.0), corrupt)
 
 
 def redis_backend(server: RedisServer) -> Backend:
