@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -119,12 +119,29 @@ class ConversationDetail:
     events: list[Event]
 
 
-def parse_entry(kind: type[_Entry], raw: str | bytes) -> _Entry | None:
+E = TypeVar("E", bound=_Entry)
+
+
+def parse_entry(kind: type[E], raw: object) -> E | None:
     """A stored entry read back, or None when it is not one (the store may hold anything)."""
+    if not isinstance(raw, str | bytes):
+        return None
     try:
         return kind.model_validate_json(raw)
     except (ValidationError, ValueError):
         return None
+
+
+def detail_of(info: ConversationInfo, points: Sequence[object], events: Sequence[object],
+              fresh: Callable[[float], bool]) -> ConversationDetail:
+    """A conversation read back from a shared store: each stored point and event checked to be this conversation's
+    and its owner's, and still fresh, so a hand-edited or hostile value shows nothing of another's."""
+    def ours(entry: Point | Event) -> bool:
+        return entry.conversation == info.id and entry.owner == info.owner and fresh(entry.at)
+
+    kept_points = [point for raw in points if (point := parse_entry(Point, raw)) is not None and ours(point)]
+    kept_events = [event for raw in events if (event := parse_entry(Event, raw)) is not None and ours(event)]
+    return ConversationDetail(info, kept_points, kept_events)
 
 
 def event_id(*parts: str) -> str:

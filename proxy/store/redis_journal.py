@@ -25,6 +25,7 @@ from proxy.store.journal import (
     JournalBounds,
     Point,
     counts_as_compaction,
+    detail_of,
     parse_entry,
 )
 from proxy.store.redis_store import _HEALTH_CHECK_SECONDS, _UNREACHABLE, _url_password
@@ -34,7 +35,6 @@ log = logging.getLogger("proxy.redis_journal")
 
 T = TypeVar("T")
 Argument = str | int | float
-E = TypeVar("E", Event, Point, ConversationInfo)
 _INFO_FIELDS = ("owner", "dialect", "model", "first_at", "last_at", "requests", "compactions")
 
 # Keys under <prefix>j: — e:<id> an event (string), events (zset of "<id> <conversation>" by the event's time),
@@ -167,12 +167,6 @@ return found
 _GET = "local value = redis.pcall('GET', KEYS[1]) if type(value) == 'string' then return value end return false"
 
 
-def _parsed(kind: type[E], raw: object) -> E | None:
-    """A stored value read back, or None when it is not one of ours (Redis may hold anything)."""
-    entry = parse_entry(kind, raw) if isinstance(raw, str | bytes) else None
-    return entry if isinstance(entry, kind) else None
-
-
 def _info(conversation: str, flat: object) -> ConversationInfo | None:
     """A conversation from its hash's fields (HGETALL's flat list), or None when they do not make one."""
     if not isinstance(flat, list):
@@ -275,16 +269,11 @@ class RedisJournal:
         info = _info(conversation, reply[0])
         if info is None or (owner is not None and info.owner != owner) or not self._fresh(info.last_at):
             return None
-        # Each value is checked to be this conversation's: a hostile one shows nothing of another's.
-        points = [point for raw in reply[1] if (point := _parsed(Point, raw)) is not None
-                  and point.conversation == conversation and point.owner == info.owner and self._fresh(point.at)]
-        events = [event for raw in reply[2] if (event := _parsed(Event, raw)) is not None
-                  and event.conversation == conversation and event.owner == info.owner and self._fresh(event.at)]
-        return ConversationDetail(info, points, events)
+        return detail_of(info, reply[1], reply[2], self._fresh)
 
     async def event(self, owner: str | None, event_id: str) -> Event | None:
         key = f"{self._prefix}e:{event_id}"
-        event = _parsed(Event, await self._attempt("journal_read", lambda: self._scripts["get"](keys=[key])))
+        event = parse_entry(Event, await self._attempt("journal_read", lambda: self._scripts["get"](keys=[key])))
         if event is None or event.id != event_id or (owner is not None and event.owner != owner) \
                 or not self._fresh(event.at):
             return None

@@ -20,6 +20,7 @@ from proxy.store.journal import (
     JournalBounds,
     Point,
     counts_as_compaction,
+    detail_of,
     parse_entry,
 )
 from proxy.store.sqlite_store import _GRACE_SECONDS, _STORE_ERRORS, _describe, _Handle, _identity, _open
@@ -28,7 +29,6 @@ from proxy.store.store_health import FailureReports
 log = logging.getLogger("proxy.sqlite_journal")
 
 T = TypeVar("T")
-E = TypeVar("E", Event, Point, ConversationInfo)
 _PURGE_INTERVAL_SECONDS = 60.0
 
 # `seq` and `touched` grow with every write (max + 1), so "oldest" and "least recently touched" are the order of
@@ -62,12 +62,6 @@ CREATE TABLE IF NOT EXISTS journal_points (
 CREATE INDEX IF NOT EXISTS journal_points_conversation ON journal_points (conversation, seq);
 CREATE INDEX IF NOT EXISTS journal_points_at ON journal_points (at);
 """
-
-
-def _parsed(kind: type[E], raw: object) -> E | None:
-    """A row's entry, or None when it is not one: the file may hold anything (another version, a hand edit)."""
-    entry = parse_entry(kind, raw) if isinstance(raw, str | bytes) else None
-    return entry if isinstance(entry, kind) else None
 
 
 class SqliteJournal:
@@ -135,7 +129,7 @@ class SqliteJournal:
         """The conversation as `owner` sees it after this touch (not yet saved); another owner's, or an unreadable
         row, starts over with its points and its list of events dropped."""
         row = connection.execute("SELECT entry FROM journal_conversations WHERE id = ?", (conversation,)).fetchone()
-        held = None if row is None else _parsed(ConversationInfo, row[0])
+        held = None if row is None else parse_entry(ConversationInfo, row[0])
         if held is not None and held.owner == owner and held.id == conversation:
             return held.model_copy(update={"last_at": max(at, held.last_at), "model": model})
         if row is not None:
@@ -243,7 +237,7 @@ class SqliteJournal:
                 (owner, owner, self._clock() - self.bounds.ttl_seconds, limit)).fetchall()
             return [row[0] for row in rows]
 
-        found = (_parsed(ConversationInfo, raw) for raw in await self._read(read))
+        found = (parse_entry(ConversationInfo, raw) for raw in await self._read(read))
         return [info for info in found if info is not None and (owner is None or info.owner == owner)
                 and self._fresh(info.last_at)]
 
@@ -261,23 +255,18 @@ class SqliteJournal:
             return row[0], [point[0] for point in points], [event[0] for event in events]
 
         rows = await self._read(read)
-        info = None if rows is None else _parsed(ConversationInfo, rows[0])
+        info = None if rows is None else parse_entry(ConversationInfo, rows[0])
         if (rows is None or info is None or info.id != conversation or (owner is not None and info.owner != owner)
                 or not self._fresh(info.last_at)):
             return None
-        # Each row is checked to be this conversation's: a hand-edited or hostile row shows nothing of another's.
-        points = [point for raw in rows[1] if (point := _parsed(Point, raw)) is not None
-                  and point.conversation == conversation and point.owner == info.owner and self._fresh(point.at)]
-        events = [event for raw in rows[2] if (event := _parsed(Event, raw)) is not None
-                  and event.conversation == conversation and event.owner == info.owner and self._fresh(event.at)]
-        return ConversationDetail(info, points, events)
+        return detail_of(info, rows[1], rows[2], self._fresh)
 
     async def event(self, owner: str | None, event_id: str) -> Event | None:
         def read(connection: sqlite3.Connection) -> object:
             row = connection.execute("SELECT entry FROM journal_events WHERE id = ?", (event_id,)).fetchone()
             return None if row is None else row[0]
 
-        event = _parsed(Event, await self._read(read))
+        event = parse_entry(Event, await self._read(read))
         if event is None or event.id != event_id or (owner is not None and event.owner != owner) \
                 or not self._fresh(event.at):
             return None
