@@ -99,6 +99,9 @@ class Runtime:
         self.stages = stages
         self.proxy_keys = tuple(key.get_secret_value().encode("utf-8", HASH_ERRORS)
                                 for key in settings.server.api_keys)
+        # Operator keys (server.admin_keys): /readyz's details and every tenant's journal. Not proxy keys.
+        self.admin_keys = tuple(key.get_secret_value().encode("utf-8", HASH_ERRORS)
+                                for key in settings.server.admin_keys)
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()

@@ -13,7 +13,6 @@ from proxy.compaction.api_fallback import NO_ROUTE
 from proxy.compaction.journey import Serving
 from proxy.compaction.recorder import summary_id
 from proxy.core.credentials import presents_one_of
-from proxy.core.fingerprint import HASH_ERRORS
 from proxy.core.usage import Usage
 from proxy.dialects.call import Call
 from proxy.dialects.messages_request import MessagesCall
@@ -188,7 +187,7 @@ async def readyz(request: web.Request) -> web.Response:
     body: dict[str, object] = {"status": "ready" if store_ok else "degraded",
                                "store": "ok" if store_ok else "unreachable"}
     # /readyz is open: what the proxy runs in front of is shown to an operator only (and without passwords).
-    admin_keys = [key.get_secret_value().encode("utf-8", HASH_ERRORS) for key in settings.server.admin_keys]
+    admin_keys = pinned(request).admin_keys
     if admin_keys and presents_one_of(request.headers, admin_keys):
         body["upstream"] = mask_url(settings.upstream.base_url)
         status = getattr(store, "status", None)  # RedisStore: where it is, since when it is down, the last error
