@@ -106,6 +106,16 @@ def start_upstream(directory: Path) -> tuple[Child, int]:
     return child, int(ready.read_text())
 
 
+def start_floor(directory: Path, upstream_port: int) -> tuple[Child, int]:
+    """The minimal aiohttp reverse proxy (bench.floor) in front of the fake upstream; returns it and its port."""
+    ready = directory / "floor.port"
+    argv = [sys.executable, "-m", "bench.floor", "--upstream", f"http://127.0.0.1:{upstream_port}", "--port", "0",
+            "--ready-file", str(ready)]
+    child = spawn("floor", argv, cwd=BENCH_ROOT, log=directory / "floor.log")
+    wait_until(child, ready.exists)
+    return child, int(ready.read_text())
+
+
 def start_proxy(name: str, root: Path, config: Path, log: Path) -> Child:
     """`python -m proxy` with cwd = root, so that root's `proxy` package is the one imported (not yet ready)."""
     return spawn(name, [sys.executable, "-m", "proxy", "--config", str(config)], cwd=root, log=log)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.targets import KINDS
+from bench.targets import FLOOR, KINDS
 
 # Per measure: column -> one answer of the load generator per round (plus the target's CPU per request).
 ByColumn = dict[str, list[dict[str, Any]]]
@@ -80,16 +80,40 @@ def cpu(by_column: ByColumn) -> dict[str, float]:
     return absolute(by_column, "cpu_ms_per_request", direct=False)
 
 
+def over_floor(figures: dict[str, float]) -> dict[str, float]:
+    """Each proxy column's figure over the floor's (the same row's medians); nothing without a positive floor."""
+    floor = figures.get(FLOOR)
+    if not floor or floor <= 0:
+        return {}
+    return {column: value / floor for column, value in figures.items() if column not in (DIRECT, FLOOR, "nginx")}
+
+
+def throughput_over_floor(by_column: ByColumn) -> dict[str, float]:
+    """Per proxy column, the median over rounds of its throughput over the floor's in the same round."""
+    base = _rounds(by_column, FLOOR, "rps")
+    figures = {}
+    for column in by_column:
+        values = _rounds(by_column, column, "rps")
+        if column not in (DIRECT, FLOOR, "nginx") and values and len(values) == len(base):
+            figures[column] = statistics.median(value / ref for value, ref in zip(values, base, strict=True) if ref)
+    return figures
+
+
 def small_rows(results: Results) -> list[Row]:
     c1 = results["c1"]
+    added_p50 = added(c1, "p50_ms")
     rows = [Row("small c=1 p50", "ms", absolute(c1, "p50_ms")),
             Row("small c=1 p99", "ms", absolute(c1, "p99_ms")),
-            Row("small c=1 added p50 vs direct", "ms", added(c1, "p50_ms"))]
+            Row("small c=1 added p50 vs direct", "ms", added_p50),
+            Row("small c=1 added p50 / floor's", "x", over_floor(added_p50))]
     for level in ("c32", "c64"):
         by_column = results[level]
+        per_request = cpu(by_column)
         rows += [Row(f"small c={level[1:]} throughput", "req/s", absolute(by_column, "rps")),
                  Row(f"small c={level[1:]} throughput / direct", "x", ratio(by_column, "rps")),
-                 Row(f"small c={level[1:]} CPU per request", "ms", cpu(by_column))]
+                 Row(f"small c={level[1:]} throughput / floor's", "x", throughput_over_floor(by_column)),
+                 Row(f"small c={level[1:]} CPU per request", "ms", per_request),
+                 Row(f"small c={level[1:]} CPU per request / floor's", "x", over_floor(per_request))]
     return rows
 
 
@@ -104,16 +128,20 @@ def stream_rows(results: Results) -> list[Row]:
 
 def long_rows(results: Results) -> list[Row]:
     c1 = results["c1"]
+    per_request = cpu(c1)
     return [Row("100k history c=1 p50", "ms", absolute(c1, "p50_ms")),
             Row("100k history c=1 added p50", "ms", added(c1, "p50_ms")),
-            Row("100k history CPU per request", "ms", cpu(c1))]
+            Row("100k history CPU per request", "ms", per_request),
+            Row("100k history CPU per request / floor's", "x", over_floor(per_request))]
 
 
 def reuse_rows(results: Results) -> list[Row]:
     c1 = results["c1"]
+    per_request = cpu(c1)
     return [Row("reuse hit c=1 p50", "ms", absolute(c1, "p50_ms")),
             Row("reuse hit c=1 added p50", "ms", added(c1, "p50_ms")),
-            Row("reuse hit CPU per request", "ms", cpu(c1)),
+            Row("reuse hit CPU per request", "ms", per_request),
+            Row("reuse hit CPU per request / floor's on the client's body", "x", over_floor(per_request)),
             Row("reuse body the upstream receives", "KB", absolute(c1, "received_bytes", scale=1 / 1024)),
             Row("reuse forwarded / client body", "x", ratio(c1, "received_bytes"))]
 
@@ -126,6 +154,6 @@ SCENARIOS = {scenario.name: scenario for scenario in (
     Scenario("stream", (Measure("c1", "stream", 1, (12, 3), (3.0, 1.0)),
                         Measure("c32", "stream", 32, (384, 96), (3.0, 1.0))), stream_rows),
     Scenario("long", (Measure("c1", "long", 1, (1000, 60), (4.0, 1.0)),), long_rows),
-    Scenario("reuse", (Measure("c1", "reuse", 1, (1000, 60), (4.0, 1.0), kinds=("direct", "on"),
+    Scenario("reuse", (Measure("c1", "reuse", 1, (1000, 60), (4.0, 1.0), kinds=("direct", FLOOR, "on"),
                                expect=("x-compaction", "reused")),), reuse_rows, prime=("reuse", "proactive")),
 )}

@@ -23,8 +23,8 @@ def cell(value: float | None, unit: str) -> str:
 
 
 def column_order(columns: list[str]) -> list[str]:
-    """direct, nginx, then the proxies in the order they were started."""
-    first = [name for name in ("direct", "nginx") if name in columns]
+    """direct, nginx, the floor, then the proxies in the order they were started."""
+    first = [name for name in ("direct", "nginx", "floor") if name in columns]
     return first + [name for name in columns if name not in first]
 
 

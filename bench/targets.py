@@ -1,4 +1,5 @@
-"""The columns measured: the fake upstream direct, nginx, and per proxy root one proxy with compaction off, one on."""
+"""The columns measured: the fake upstream direct, the aiohttp floor, nginx, and per proxy root a proxy with compaction
+off and one with it on."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from pathlib import Path
 
 from bench.machine import commit
 from bench.nginx import start_nginx
-from bench.processes import Child, cpu_seconds, rss_bytes, start_proxy, start_upstream, stop, wait_proxy
+from bench.processes import Child, cpu_seconds, rss_bytes, start_floor, start_proxy, start_upstream, stop, wait_proxy
 from tests.ports import free_port
 
 # Context windows by model (each shape of request has its own model): 128k for the small requests, room for the
 # ~95k-token history without compaction, and a window the same history passes 0.8 of, so it compacts.
 WINDOWS = {"bench-small": 128_000, "bench-stream": 128_000, "bench-long": 400_000, "bench-reuse": 64_000}
-KINDS = ("direct", "off", "on", "nginx")
+KINDS = ("direct", "floor", "off", "on", "nginx")
+FLOOR = "floor"
 
 
 @dataclass
@@ -71,12 +73,15 @@ def start_proxies(directory: Path, roots: list[Path], upstream_port: int, childr
 
 @contextmanager
 def fleet(directory: Path, roots: list[Path], with_nginx: bool = True) -> Iterator[list[Target]]:
-    """Every target running, in measuring order (direct, each root's off and on, nginx); all stopped after."""
+    """Every target running, in measuring order (direct, floor, each root's off and on, nginx); all stopped after."""
     children: list[Child] = []
     try:
         upstream, upstream_port = start_upstream(directory)
         children.append(upstream)
         targets = [Target("direct", "direct", upstream_port, upstream)]
+        floor, floor_port = start_floor(directory, upstream_port)
+        children.append(floor)
+        targets.append(Target(FLOOR, FLOOR, floor_port, floor))
         targets += start_proxies(directory, roots, upstream_port, children)
         nginx = start_nginx(directory, upstream_port) if with_nginx else None
         if nginx is not None:

@@ -88,6 +88,8 @@ def configure_logging(settings: Settings, worker: int | None = None) -> None:
     """stderr at the configured level, with credentials redacted from every record (aiohttp's included)."""
     # The workers share the supervisor's stderr: each line says which one wrote it.
     logging.basicConfig(level=settings.logging.level, stream=sys.stderr)
+    # No format shows a record's thread or process, and each costs a lookup per record (a line per request).
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     for handler in logging.getLogger().handlers:
         handler.setFormatter(log_formatter(settings.logging.format, worker))
     install_redaction()

@@ -191,6 +191,9 @@ class CompactionConfig(_Frozen):
     # Earlier user messages kept verbatim after a compaction (the latest is always kept), newest first.
     instruction_budget: float = Field(0.1, ge=0, lt=1)
     background: bool = True
+    # Requests far below every limit (by their byte count, against a stated window) relayed unread: no parsing,
+    # fingerprinting or counting, and no point in the journal's chart (compaction.glance).
+    glance: bool = True
     prompts_dir: Path | None = None
     summarizer: SummarizerConfig = SummarizerConfig()
     # The smaller tools before the whole-history summary (stages 1 and 2); models.<name>.tool_results overrides.

@@ -7,6 +7,8 @@ import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+from proxy.log_format import FIELDS_ATTRIBUTE
+
 MASK = "***"
 # A header line or a dict entry naming a credential, as aiohttp's bad-request messages (raw header bytes) and
 # reprs of header mappings show them. The value runs to the end of the line, the closing quote, or an escaped
@@ -79,6 +81,7 @@ class RedactSecrets(logging.Filter):
         clean = redact(message)
         if clean != message:
             record.msg, record.args = clean, None
+            record.__dict__.pop(FIELDS_ATTRIBUTE, None)  # the fields would still say what was redacted
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:

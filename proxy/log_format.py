@@ -5,9 +5,15 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import time
 from typing import Any
 
+import orjson
+
 TEXT = "%(asctime)s %(levelname)s {who}%(name)s %(message)s"
+# A record's event fields as a dict, beside its message (the same fields as JSON): a JSON formatter uses them
+# rather than parsing the message again. Redaction drops them from a record whose message it changed.
+FIELDS_ATTRIBUTE = "event_fields"
 # The keys every JSON line opens with; an event's own key of the same name is kept as event_<key>.
 _BASE = ("time", "level", "logger", "worker")
 
@@ -29,7 +35,8 @@ class JsonLines(logging.Formatter):
         if self._worker is not None:
             line["worker"] = self._worker
         message = record.getMessage()
-        event = _event(message)
+        fields = getattr(record, FIELDS_ATTRIBUTE, None)
+        event = fields if isinstance(fields, dict) else _event(message)
         if event is None:
             line["message"] = message
         else:
@@ -40,7 +47,10 @@ class JsonLines(logging.Formatter):
             line["exception"] = record.exc_text
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(line, ensure_ascii=False, default=str)
+        try:
+            return orjson.dumps(line, default=str).decode()
+        except (TypeError, orjson.JSONEncodeError):  # a lone surrogate, an integer past 64 bits: json spells them
+            return json.dumps(line, ensure_ascii=False, default=str)
 
 
 def _event(message: str) -> dict[str, Any] | None:
@@ -48,14 +58,31 @@ def _event(message: str) -> dict[str, Any] | None:
     if not message.startswith("{"):
         return None
     try:
-        value = json.loads(message)
-    except (ValueError, RecursionError):
+        value = orjson.loads(message)
+    except orjson.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+class TextLines(logging.Formatter):
+    """Time, level, logger and message, with the time's seconds formatted once a second rather than per record
+    (the access log writes a line per request)."""
+
+    def __init__(self, fmt: str) -> None:
+        super().__init__(fmt)
+        self._second: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        second, text = self._second
+        if int(record.created) != second:  # one tuple swapped whole: safe from any thread
+            second = int(record.created)
+            text = time.strftime(self.default_time_format, self.converter(record.created))
+            self._second = (second, text)
+        return f"{text},{int(record.msecs):03d}"  # logging's default_msec_format
 
 
 def formatter(kind: str, worker: int | None = None) -> logging.Formatter:
     """The formatter for `logging.format`: "json", or "text" (anything else)."""
     if kind == "json":
         return JsonLines(worker)
-    return logging.Formatter(TEXT.format(who="" if worker is None else f"worker-{worker} "))
+    return TextLines(TEXT.format(who="" if worker is None else f"worker-{worker} "))

@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 import yaml
 
-from proxy.log_format import JsonLines, formatter
+from proxy.log_filters import RedactSecrets
+from proxy.log_format import FIELDS_ATTRIBUTE, TEXT, JsonLines, formatter
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.proxy_process import proxy_process
 
@@ -72,3 +73,35 @@ async def test_the_real_program_writes_only_json_lines(tmp_path: Path, fake: Fak
     access = [line for line in lines if line["logger"] == "proxy.access" and line.get("request_id") == request_id]
     assert access and access[0]["status"] == 200
     assert "sk-logformat-secret" not in output
+
+
+def with_fields(message: str, fields: dict[str, Any]) -> logging.LogRecord:
+    made = record(message)
+    setattr(made, FIELDS_ATTRIBUTE, fields)
+    return made
+
+
+def test_an_access_line_carries_its_fields_and_reads_as_its_message_would() -> None:
+    fields = {"event": "request", "request_id": "abc", "status": 200, "path": "/v1/chat/completions"}
+    message = json.dumps(fields)
+    assert json.loads(JsonLines().format(with_fields(message, fields))) == \
+        json.loads(JsonLines().format(record(message)))
+    odd = {"event": "request", "path": "/v1/\ud800", "huge": 2**70}  # what orjson refuses, json spells
+    assert json.loads(JsonLines().format(with_fields(json.dumps(odd), odd)))["huge"] == 2**70
+
+
+def test_redaction_drops_the_fields_of_a_line_it_changed() -> None:
+    fields = {"event": "request", "path": "/v1/sk-abcdefghijklmnop"}
+    made = with_fields(json.dumps(fields), fields)
+    assert RedactSecrets().filter(made)
+    line = JsonLines().format(made)
+    assert "abcdefghijklmnop" not in line and json.loads(line)["path"] == "/v1/sk-***"
+
+
+@pytest.mark.parametrize("created", [1_700_000_000.25, 1_700_000_000.999, 1_700_000_001.0, 1_700_000_061.5, 0.0])
+def test_text_times_are_loggings_own(created: float) -> None:
+    text, plain = formatter("text"), logging.Formatter(TEXT.format(who=""))
+    for value in (created, created + 0.001, created + 1.0004):  # the cached second, then the next one
+        made = record("hello")
+        made.created, made.msecs = value, (value - int(value)) * 1000 // 1
+        assert text.format(made) == plain.format(made)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import Field, fields, replace
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -60,6 +60,13 @@ class NativeOrChat(Generic[B]):
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> B:
         return (self._bridged if self.chat_only else self._native).parse(body, headers, query)
+
+    def glanced(self, body: bytes, headers: Mapping[str, str]) -> str | None:
+        return None  # which API the upstream speaks is learned from answers the whole way
+
+    def relay(self, body: bytes, headers: Mapping[str, str], query: str,
+              model: str) -> AbstractAsyncContextManager[Answer]:
+        raise NotImplementedError("a route that may bridge glances at nothing")
 
     @asynccontextmanager
     async def answer(self, call: B) -> AsyncIterator[Answer]:

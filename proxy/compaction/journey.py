@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -43,11 +43,24 @@ class Journey(Generic[C]):
     counted: tuple[list[Message], list[int]] | None = None  # token counts of the last messages counted
     origin: Origin | None = None  # the request as the journal names it; None without a journal
 
+    def conversation_tokens(self, count_each: Callable[[Sequence[Message]], list[int]]) -> list[int]:
+        """Raw token counts of `conversation.messages`: the client's own as the history read counted them, a stored
+        replacement counted now."""
+        conversation, read = self.conversation, self.history.tokens
+        if conversation.record is None:
+            return list(read)
+        return [*count_each(conversation.record.replacement), *read[conversation.record.prefix_len:]]
+
 
 class Serving(Protocol):
     """What a route's handler and the runtime use of a pipeline (or of a pair of them, see api_fallback)."""
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> Any: ...
+
+    def glanced(self, body: bytes, headers: Mapping[str, str]) -> str | None: ...
+
+    def relay(self, body: bytes, headers: Mapping[str, str], query: str,
+              model: str) -> AbstractAsyncContextManager[Answer]: ...
 
     def answer(self, call: Any) -> AbstractAsyncContextManager[Answer]: ...
 

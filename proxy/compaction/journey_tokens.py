@@ -44,13 +44,9 @@ class JourneyTokens:
         messages = self.messages(journey)
         if journey.counted is not None and journey.counted[0] is messages:
             return journey.counted[1]
-        conversation, read = journey.conversation, journey.history.tokens
         if journey.elided or journey.cleared or journey.swapped:
             tokens = self._counter.count_each(messages)
-        elif conversation.record is None:
-            tokens = read
         else:  # the replacement, then the client's own messages after the stored prefix, already counted
-            tokens = [*self._counter.count_each(conversation.record.replacement),
-                      *read[conversation.record.prefix_len:]]
+            tokens = journey.conversation_tokens(self._counter.count_each)
         journey.counted = (messages, tokens)
         return tokens

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -13,8 +12,9 @@ from typing import Any, Generic
 
 from multidict import CIMultiDict
 
-from proxy.compaction import edit_report
-from proxy.compaction.compactor import Compactor, Conversation, Flight
+from proxy.compaction import edit_report, glance
+from proxy.compaction.background import BackgroundSummaries
+from proxy.compaction.compactor import Compactor, Conversation
 from proxy.compaction.journey import C, Journey
 from proxy.compaction.journey_tokens import JourneyTokens
 from proxy.compaction.recorder import Origin, Recorder, origin_of
@@ -47,7 +47,7 @@ from proxy.headers import (
 )
 from proxy.metrics import Metrics
 from proxy.request_context import annotate, current_request_id
-from proxy.upstream.answer import Answer, journey_answer
+from proxy.upstream.answer import Answer, attempt_answer, journey_answer
 from proxy.upstream.attempt import Attempt, send
 from proxy.upstream.overflow import context_limit_from_error
 from proxy.upstream.upstream import Upstream
@@ -76,13 +76,54 @@ class Pipeline(Generic[C]):
         self._windows = windows
         self._metrics = metrics
         self._history = history or HistoryIndex(counter)
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = BackgroundSummaries()
         self._recorder = recorder or Recorder(None)
         self._tokens = JourneyTokens(counter, calibration, self._stages)
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> C:
         """The client's request as its dialect reads it (BadRequest when it cannot)."""
         return self._dialect.parse(body, headers, query)
+
+    def glanced(self, body: bytes, headers: Mapping[str, str]) -> str | None:
+        """The request's model when it can be relayed as it came, unread (compaction.glance), else None."""
+        started = time.perf_counter()
+        model = glance.judged(self._settings, self._windows.smallest_stated, self._dialect.quick_markers, body,
+                              headers)
+        if model is not None:  # the proxy's own time before forwarding, as the whole way's is
+            self._metrics.overhead_seconds.observe(time.perf_counter() - started)
+        return model
+
+    @asynccontextmanager
+    async def relay(self, body: bytes, headers: Mapping[str, str], query: str, model: str) -> AsyncIterator[Answer]:
+        """A glanced request relayed as it came; an overflow answer takes the whole way: read, compact, retry."""
+        async with AsyncExitStack() as stack:
+            attempt = await send(self._upstream, stack, path=self._dialect.path, reader=self._dialect, query=query,
+                                 headers=headers, body=body)
+            if attempt.overflow and (call := self._parsed_or_none(body, headers, query)) is not None:
+                yield await self._overflowed(call, attempt, stack)
+                return
+            if self._count is not None:
+                self._count("none")
+            annotate(model=model, upstream_status=attempt.status)
+            yield attempt_answer(self._upstream, attempt, {COMPACTION: "none"})
+
+    def _parsed_or_none(self, body: bytes, headers: Mapping[str, str], query: str) -> C | None:
+        try:
+            return self.parse(body, headers, query)
+        except ProxyError:
+            return None  # a body the proxy cannot read: the upstream's answer stands
+
+    async def _overflowed(self, call: C, attempt: Attempt, stack: AsyncExitStack) -> Answer:
+        """A glanced request the upstream found too long after all (its window was not what was stated)."""
+        call, view = self._edited(call)
+        if view is None:
+            return self._finish(call, attempt, self._untouched(call, attempt), hide_usage=False)
+        self._metrics.overflow_errors.labels("first").inc()
+        journey = await self._begin(call, view)
+        await self._stages.shape(journey)
+        attempt = await self._react(journey, attempt, stack)
+        return self._finish(call, attempt, self._headers(journey), hide_usage=self._inject_usage(call),
+                            journey=journey)
 
     @asynccontextmanager
     async def answer(self, call: C) -> AsyncIterator[Answer]:
@@ -158,9 +199,7 @@ class Pipeline(Generic[C]):
         return call.mode or self._settings.compaction.mode
 
     async def close(self) -> None:
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.close()
 
     def _history_of(self, call: C) -> View | None:
         """The history the journey may compact, or None: compaction off, or the request not compactable."""
@@ -409,21 +448,9 @@ class Pipeline(Generic[C]):
         self._stages.after_answer(journey, journey.call.headers)
 
     def _start_background(self, journey: Journey[C], answer_tokens: int) -> None:
-        try:
-            begun = self._compactor.begin(journey.conversation, journey.limits, model=journey.call.model,
-                                          trigger="background", headers=journey.call.headers,
-                                          answer_tokens=answer_tokens, overhead=self._tokens.overhead(journey),
-                                          tools=self._dialect.tools(journey.call),
-                                          instructions=journey.call.summary_instructions, origin=journey.origin)
-        except Exception:
-            log.warning("could not plan a background summary", exc_info=True)
-            return
-        if isinstance(begun, Flight):
-            self._background.add(begun.task)
-            begun.task.add_done_callback(self._background_done)
-
-    def _background_done(self, task: asyncio.Task[Any]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("background summary failed: %s", task.exception())
+        self._background.start(lambda: self._compactor.begin(
+            journey.conversation, journey.limits, model=journey.call.model, trigger="background",
+            headers=journey.call.headers, answer_tokens=answer_tokens, overhead=self._tokens.overhead(journey),
+            tools=self._dialect.tools(journey.call), instructions=journey.call.summary_instructions,
+            origin=journey.origin))
 

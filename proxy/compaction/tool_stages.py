@@ -98,7 +98,7 @@ class ToolStages:
         conversation = journey.conversation
         return clearing.cleared(conversation.messages, _rule(config), self._counter.count_message,
                                 room=max(own_room, 0), untouchable=conversation.synthetic,
-                                reported=self._reported)
+                                reported=self._reported, sizes=journey.conversation_tokens(self._counter.count_each))
 
     def _summarised(self, messages: list[Message], cleared: Cleared, swapped: Swapped) -> Cleared:
         """`cleared` with the rounds `swapped` holds as their summaries instead of placeholders; its own figures

@@ -64,13 +64,16 @@ class _Result:
 
 
 def cleared(messages: Sequence[Message], rule: ClearingRule, count: Count, *, room: int,
-            untouchable: Collection[int] = (), reported: Reported | None = None) -> Cleared:
+            untouchable: Collection[int] = (), reported: Reported | None = None,
+            sizes: Sequence[int] | None = None) -> Cleared:
     """`messages` with the results before the cut replaced; `room` is what the messages may take (in `count`'s
     tokens) before a clearing is due; `untouchable` indexes (what compaction made) are kept; `reported` says what
-    of a result its placeholder keeps."""
+    of a result its placeholder keeps; `sizes`, when given, are `count` of each message, counted in one pass."""
+    sizes = [count(message) for message in messages] if sizes is None else list(sizes)
+    if sum(sizes) <= room:  # the replay never passes the room: no cut, and no placeholder need be made
+        return Cleared(list(messages))
     results = [result for result in _results(messages)
                if result.name not in rule.exclude_tools and result.index not in untouchable]
-    sizes = [count(message) for message in messages]
     replaced = [{**messages[result.index], "content": placeholder(
         result, sizes[result.index], reported(content_text(messages[result.index].get("content"))) if reported
         else "")} for result in results]

@@ -50,6 +50,8 @@ class ChatDialect:
 
     name = "chat"
     path = "/chat/completions"
+    # Content parts whose tokens their bytes do not bound.
+    quick_markers: tuple[bytes, ...] | None = (b'"image_url"', b'"input_audio"', b'"file"')
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> ChatCall:
         return ChatCall.parse(body, headers, query)

@@ -26,6 +26,9 @@ class Dialect(AnswerReader, Protocol[CallT]):
 
     name: str  # the route's and metrics' name for the API
     path: str  # below the upstream's base URL
+    # Bytes whose presence in a body means the request must be read (compaction.glance: an image, a field the
+    # proxy acts on); None: every request is read (a dialect that translates requests).
+    quick_markers: tuple[bytes, ...] | None
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> CallT:
         """The client's request, read once; BadRequest when it cannot be (the proxy's error, in the API's shape)."""

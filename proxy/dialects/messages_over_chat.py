@@ -70,6 +70,7 @@ class MessagesOverChatDialect(MessagesDialect):
     ever (each override calls it), the bridge turns what it would send into chat and what comes back into Messages."""
 
     path = "/chat/completions"
+    quick_markers: tuple[bytes, ...] | None = None  # every request is translated
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> MessagesCall:
         call = super().parse(body, headers, query)  # the payload is what the upstream is to be asked

@@ -81,6 +81,11 @@ class ResponsesDialect:
 
     name = "responses"
     path = "/responses"
+    # Compaction items and triggers, context management, a history kept upstream, and inputs whose tokens their
+    # bytes do not bound.
+    quick_markers: tuple[bytes, ...] | None = (
+        b'"compaction', b'"context_management"', b'"truncation"', b'"previous_response_id"', b'"conversation"',
+        b'"input_image"', b'"input_file"', b'"input_audio"')
 
     def __init__(self, *, upstream_compacts: bool = False) -> None:
         # The upstream runs OpenAI's compaction itself (OpenAI's own API): requests asking for it are its to serve.
@@ -163,6 +168,7 @@ class ResponsesOverChatDialect(ResponsesDialect):
     gateways): every request goes as a chat completion, every answer comes back as a response."""
 
     path = "/chat/completions"
+    quick_markers: tuple[bytes, ...] | None = None  # every request is translated
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> ResponsesCall:
         call = read_call(body, headers, query, upstream_compacts=False)

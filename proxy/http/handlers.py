@@ -58,7 +58,11 @@ def compacting(dialect: str) -> Handler:
 
     async def handle(request: web.Request) -> web.StreamResponse:
         pipeline = pinned(request).pipelines[dialect]
-        call = await parsed(request, pipeline)
+        body = await read_body(request)
+        if (model := pipeline.glanced(body, request.headers)) is not None:
+            async with pipeline.relay(body, request.headers, request.raw_path.partition("?")[2], model) as answer:
+                return await deliver(request, answer)
+        call = await parsed(request, pipeline, body)
         if call.compaction_requested:
             if (answered := await compaction_answer(pipeline, call)) is not None:
                 return await deliver(request, answered)

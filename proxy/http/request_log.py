@@ -23,6 +23,7 @@ from proxy.core.fingerprint import HASH_ERRORS
 from proxy.headers import log_fields
 from proxy.http.routes import route_of
 from proxy.log_filters import redact
+from proxy.log_format import FIELDS_ATTRIBUTE
 from proxy.request_context import Notes
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -169,7 +170,13 @@ def _write(request: web.Request, entry: _Entry, returned: web.StreamResponse | N
         return
     quiet = line["route"] in _PROBES and isinstance(line["status"], int) and line["status"] < 400
     # Probes come every few seconds from each load balancer: at INFO they would bury the traffic.
-    access_log.log(logging.DEBUG if quiet else logging.INFO, _json_line(line))
+    level = logging.DEBUG if quiet else logging.INFO
+    if access_log.isEnabledFor(level):
+        # The record made here rather than by log(): a line per request need not look up where it was logged from
+        # (findCaller walks the stack), and carries its fields for a JSON formatter to use as they are.
+        record = access_log.makeRecord(access_log.name, level, __file__, 0, _json_line(line), (), None,
+                                       extra={FIELDS_ATTRIBUTE: line})
+        access_log.handle(record)
 
 
 def _json_line(line: dict[str, Any]) -> str:

@@ -83,6 +83,23 @@ class Answer:
         return cls(response.status, headers, chunks=upstream.chunks(response), reason=response.reason)
 
 
+def attempt_answer(upstream: Upstream, attempt: Attempt, extra_headers: dict[str, str]) -> Answer:
+    """An attempt relayed as it came (nothing watched, nothing rewritten), with the proxy's headers."""
+    headers = attempt.headers.copy()
+    headers.update(extra_headers)
+    if attempt.response is None:
+        return Answer(attempt.status, headers, body=attempt.body)
+    return Answer(attempt.status, headers, chunks=_held_then_rest(upstream, attempt), reason=attempt.response.reason)
+
+
+async def _held_then_rest(upstream: Upstream, attempt: Attempt) -> AsyncIterator[bytes]:
+    assert attempt.response is not None
+    if attempt.head:
+        yield attempt.head
+    async for chunk in upstream.chunks(attempt.response):
+        yield chunk
+
+
 def journey_answer(upstream: Upstream, attempt: Attempt, extra_headers: dict[str, str], *, tap: StreamTap,
                    on_done: OnDone | None, reshape: Callable[[bytes], bytes] | None = None) -> Answer:
     """The answer to a request that went through the journey, with the compaction headers; a stream is watched (and

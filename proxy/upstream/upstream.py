@@ -151,6 +151,7 @@ class Upstream:
         self._on_latency = on_latency
         self.config = config
         self._api_key = config.api_key.get_secret_value() if config.api_key else None
+        self._withheld = config.withheld_keys  # read out of their secrets once, not on every request
         # `connect` bounds getting a connection: queueing for a free one in a saturated pool, then connecting.
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=config.pool_timeout + config.connect_timeout, sock_connect=config.connect_timeout,
@@ -187,7 +188,7 @@ class Upstream:
                 response.close()
 
     async def _request(self, request: UpstreamRequest) -> aiohttp.ClientResponse:
-        headers = request_headers(request.headers, self._api_key, self.config.withheld_keys)
+        headers = request_headers(request.headers, self._api_key, self._withheld)
         for attempt in range(2):
             try:
                 return await self._session.request(

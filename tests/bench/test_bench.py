@@ -1,5 +1,5 @@
-"""The benchmarks run end to end: `bench --quick --only small,stream` and `bench.summary_parse` print tables; each
-benchmark starts without pytest."""
+"""The benchmarks run end to end: `bench --quick --only small,stream` (with its floor column) and
+`bench.summary_parse` print tables; each benchmark starts without pytest."""
 
 from __future__ import annotations
 
@@ -12,12 +12,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = (
     "small c=1 p50 (ms)", "small c=1 p99 (ms)", "small c=1 added p50 vs direct (ms)",
-    "small c=32 throughput (req/s)", "small c=32 throughput / direct (x)", "small c=32 CPU per request (ms)",
-    "small c=64 throughput (req/s)", "small c=64 throughput / direct (x)", "small c=64 CPU per request (ms)",
+    "small c=1 added p50 / floor's (x)",
+    "small c=32 throughput (req/s)", "small c=32 throughput / direct (x)", "small c=32 throughput / floor's (x)",
+    "small c=32 CPU per request (ms)", "small c=32 CPU per request / floor's (x)",
+    "small c=64 throughput (req/s)", "small c=64 throughput / direct (x)", "small c=64 throughput / floor's (x)",
+    "small c=64 CPU per request (ms)", "small c=64 CPU per request / floor's (x)",
     "stream c=1 time to first byte p50 (ms)", "stream c=1 added time to first byte (ms)",
     "stream c=32 added time to first byte (ms)", "stream c=32 added inter-chunk p50 (ms)",
     "stream c=32 CPU per stream (ms)",
 )
+# Rows of the proxy over the floor (the minimal aiohttp pass-through of the same run): the floor's own cell is empty.
+FLOOR_ROWS = tuple(row for row in ROWS if "/ floor's" in row)
 ABSOLUTE_ROWS = ("small c=1 p50 (ms)", "small c=1 p99 (ms)", "small c=32 throughput (req/s)",
                  "small c=64 throughput (req/s)", "stream c=1 time to first byte p50 (ms)")
 
@@ -41,7 +46,9 @@ def test_quick_run_prints_a_table_of_numbers() -> None:
     rows = table(done.stdout)
     assert list(rows) == list(ROWS)
     for label, cells in rows.items():
-        assert {"direct", "proxy off", "proxy on"} <= set(cells)
+        assert {"direct", "floor", "proxy off", "proxy on"} <= set(cells)
+        # The floor is measured like a proxy; only a figure over itself is empty.
+        assert (cells["floor"] == "—") == (label in FLOOR_ROWS), (label, cells)
         for column in ("proxy off", "proxy on"):
             float(cells[column])  # every proxy figure is a number
         for text in cells.values():
@@ -49,6 +56,7 @@ def test_quick_run_prints_a_table_of_numbers() -> None:
         # Absolute figures exist for direct too; "added" and "/ direct" ones are relative to it.
         assert (cells["direct"] != "—") == (label in ABSOLUTE_ROWS), (label, cells)
     assert float(rows["small c=32 throughput (req/s)"]["proxy on"]) > 0
+    assert float(rows["small c=32 throughput / floor's (x)"]["proxy on"]) > 0
     assert float(rows["stream c=1 time to first byte p50 (ms)"]["proxy on"]) > 0
 
 

@@ -1,0 +1,84 @@
+"""A glance at a request's bytes: whether it is so far below every limit that it can need nothing of the proxy.
+
+Most requests of a conversation are: the first turns of an agent, every request to a model with a large window.
+They are relayed as they came without being read into a call, fingerprinted or counted. The glance is sound:
+- a token is at least one byte of its text, and JSON spells a text in at least as many bytes as the text has, so a
+  body of N bytes holds at most about N tokens, whatever the tokenizer (the chat template adds a bounded few);
+- what a byte count cannot bound (an image, a file, audio) or what asks the proxy for something (a context-management
+  entry, a compaction item, a per-request mode) sends the request the whole way;
+- only a window someone stated (configured, discovered, or learned from an overflow) counts, and an overflow
+  answer still takes the whole way back: the request is read then and compacted as it would have been.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+
+from proxy.config import Settings
+from proxy.dialects.call import is_positive
+from proxy.headers import MODE
+
+# Larger bodies are read whole anyway: the glance would cost what it saves.
+MAX_BYTES = 256 * 1024
+# Tokens a chat template may add beyond the body's own bytes (role markers, a tool-use preamble).
+TEMPLATE_TOKENS = 1024
+# A glanced request must stay below this share of the first limit: room for a stored summary the glance cannot
+# see (one made on request of a short conversation) to be of no use, and for the estimate's calibration.
+SHARE = 0.5
+# The fields a client names its output cap in (chat, Responses, Messages).
+OUTPUT_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def judged(settings: Settings, stated: Callable[[str], int | None], markers: tuple[bytes, ...] | None, body: bytes,
+           headers: Mapping[str, str]) -> str | None:
+    """The request's model when it can be relayed as it came, unread, else None. `stated` is the smallest window
+    anyone stated for a model, None for only the default's guess; `markers` the dialect's (Dialect.quick_markers)."""
+    if not settings.compaction.glance or (payload := payload_of(body, headers, markers)) is None:
+        return None
+    model = payload.get("model")
+    model = model if isinstance(model, str) else ""
+    if not settings.compaction.enabled or settings.model_for(model).manages_own_context:
+        return model
+    window = stated(model)
+    if settings.compaction.mode != "auto" or window is None:  # shadow reports on every request
+        return None
+    reserve = reserved(payload, settings.compaction.reserved_output_tokens)
+    return model if far_below(len(body), reserve, first_limit(settings, model, window)) else None
+
+
+def payload_of(body: bytes, headers: Mapping[str, str], markers: tuple[bytes, ...] | None) -> dict[str, Any] | None:
+    """The body's JSON object when a glance may judge the request; None when it must go the whole way: a
+    dialect that translates (no markers), a large body, a marker of what the proxy must read, the client's mode."""
+    if markers is None or len(body) > MAX_BYTES or MODE in headers:
+        return None
+    if any(marker in body for marker in markers):
+        return None
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None  # the whole way says why, in the client's API
+    return payload if isinstance(payload, dict) else None
+
+
+def first_limit(settings: Settings, model: str, window: int) -> int:
+    """The fewest prompt-plus-output tokens at which the proxy would act on this model's request: the compaction
+    threshold, or an enabled tool-result stage's share if lower."""
+    shares = [settings.compaction.threshold] if settings.compaction.proactive else [1.0]
+    stages = settings.tool_results_for(model)
+    if stages.clear.enabled:
+        shares.append(stages.clear.trigger)
+    if stages.summarize_pairs.enabled:
+        shares.append(stages.summarize_pairs.cutoff)
+    return int(min(shares) * window)
+
+
+def reserved(payload: Mapping[str, Any], default: int) -> int:
+    return next((value for key in OUTPUT_CAPS if is_positive(value := payload.get(key))), default)
+
+
+def far_below(body_bytes: int, reserve: int, limit: int) -> bool:
+    """Whether a body of `body_bytes` with `reserve` output tokens stays below SHARE of `limit` tokens."""
+    return body_bytes + TEMPLATE_TOKENS + reserve <= SHARE * limit

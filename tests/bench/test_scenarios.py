@@ -1,0 +1,97 @@
+"""The benchmark's figures against direct and against the floor (the minimal aiohttp pass-through of the same run):
+round by round where a figure is paired, nothing where a column is missing; and the floor itself relays."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from bench.scenarios import ByColumn, added, over_floor, throughput_over_floor
+from bench.table import column_order
+from tests.fakes.serving import serve_app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rounds(**columns: list[float]) -> ByColumn:
+    return {column.replace("_", " "): [{"rps": value, "p50_ms": value} for value in values]
+            for column, values in columns.items()}
+
+
+@pytest.mark.parametrize(("figures", "expected"), [
+    ({"floor": 2.0, "proxy on": 3.0, "proxy off": 2.0, "direct": 1.0, "nginx": 0.5},
+     {"proxy on": 1.5, "proxy off": 1.0}),
+    ({"proxy on": 3.0}, {}),                       # no floor in the run: no ratio
+    ({"floor": 0.0, "proxy on": 3.0}, {}),         # a floor of nothing is no reference
+    ({"floor": -0.1, "proxy on": 3.0}, {}),        # an "added" figure below direct's (noise) either
+])
+def test_a_figure_over_the_floors(figures: dict[str, float], expected: dict[str, float]) -> None:
+    assert over_floor(figures) == pytest.approx(expected)
+
+
+def test_throughput_over_the_floor_is_paired_round_by_round() -> None:
+    # Round 1 was slow for everyone, round 2 fast: per round the proxy keeps 0.5 and 0.8 of the floor.
+    by_column = rounds(direct=[100, 400], floor=[50, 200], proxy_on=[25, 160])
+    assert throughput_over_floor(by_column) == pytest.approx({"proxy on": 0.65})
+    assert throughput_over_floor(rounds(direct=[100], proxy_on=[25])) == {}           # no floor
+    assert throughput_over_floor(rounds(floor=[50, 60], proxy_on=[25])) == {}         # rounds missing
+
+
+def test_added_figures_are_against_direct_and_the_floor_has_its_own() -> None:
+    by_column = rounds(direct=[1.0, 2.0], floor=[1.5, 2.5], proxy_on=[3.0, 4.0])
+    figures = added(by_column, "p50_ms")
+    assert figures == pytest.approx({"floor": 0.5, "proxy on": 2.0})
+    assert over_floor(figures) == pytest.approx({"proxy on": 4.0})
+    assert column_order(["proxy on", "floor", "direct"]) == ["direct", "floor", "proxy on"]
+    assert not math.isnan(figures["floor"])
+
+
+async def answer(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    if request.headers.get("x-stream"):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "x-seen": str(len(body))})
+        await response.prepare(request)
+        for index in range(3):
+            await response.write(f"data: {index}\n\n".encode())
+        await response.write_eof()
+        return response
+    seen = {"path": request.path_qs, "bytes": len(body), "auth": request.headers.get("Authorization")}
+    return web.json_response(seen, status=201)
+
+
+async def test_the_floor_relays_bodies_statuses_and_streams(tmp_path: Path) -> None:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner, upstream = await serve_app(app)
+    ready = tmp_path / "floor.port"
+    floor = subprocess.Popen([sys.executable, "-m", "bench.floor", "--upstream", upstream, "--port", "0",
+                              "--ready-file", str(ready)], cwd=ROOT)
+    try:
+        for _ in range(200):
+            if ready.exists() or floor.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        url = f"http://127.0.0.1:{ready.read_text()}"
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/v1/x?a=1", data=b"x" * 100_000,
+                                    headers={"Authorization": "Bearer k"}) as response:
+                assert response.status == 201
+                body: dict[str, Any] = json.loads(await response.read())
+                assert body == {"path": "/v1/x?a=1", "bytes": 100_000, "auth": "Bearer k"}
+            async with session.post(f"{url}/s", data=b"{}", headers={"x-stream": "1"}) as response:
+                assert response.headers["x-seen"] == "2"
+                assert await response.read() == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+    finally:
+        floor.terminate()
+        floor.wait(10)
+        await runner.cleanup()
+    assert floor.returncode == 0  # SIGTERM ends it cleanly

@@ -1,0 +1,93 @@
+"""The glance: which bodies it may judge, the limit it judges them by, and the bound it rests on (a token is at
+least one byte of the JSON that spells it), checked on generated text with the proxy's own tokenizer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.compaction import glance
+from proxy.config import Settings, settings_from_mapping
+from proxy.core.tokens import TokenCounter
+from proxy.dialects.chat import CHAT
+from proxy.dialects.messages import MESSAGES
+from proxy.dialects.messages_over_chat import MESSAGES_OVER_CHAT
+from proxy.dialects.responses import RESPONSES, RESPONSES_OVER_CHAT
+from proxy.headers import MODE
+
+SMALL = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+@pytest.mark.parametrize(("body", "headers", "markers", "judged"), [
+    (SMALL, {}, CHAT.quick_markers, True),
+    (SMALL, {MODE: "auto"}, CHAT.quick_markers, False),                       # the client asks something
+    (SMALL, {}, MESSAGES_OVER_CHAT.quick_markers, False),                      # a dialect that translates
+    (SMALL, {}, RESPONSES_OVER_CHAT.quick_markers, False),
+    (b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', {},
+     CHAT.quick_markers, False),
+    (b'{"model": "m", "input": [{"type": "compaction", "encrypted_content": "x"}]}', {},
+     RESPONSES.quick_markers, False),
+    (b'{"model": "m", "input": "hi", "previous_response_id": "resp_1"}', {}, RESPONSES.quick_markers, False),
+    (b'{"model": "m", "messages": [], "context_management": {"edits": []}}', {}, MESSAGES.quick_markers, False),
+    (b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "image"}]}]}', {},
+     MESSAGES.quick_markers, False),
+    (b'{"model": "m", "messages": [', {}, CHAT.quick_markers, False),           # broken: the whole way says why
+    (b'["a list"]', {}, CHAT.quick_markers, False),
+    (b'{"model": "m", "pad": "' + b"x" * glance.MAX_BYTES + b'"}', {}, CHAT.quick_markers, False),
+])
+def test_which_bodies_a_glance_may_judge(body: bytes, headers: dict[str, str], markers: tuple[bytes, ...] | None,
+                                         judged: bool) -> None:
+    assert (glance.payload_of(body, headers, markers) is not None) == judged
+
+
+def settings_with(**compaction: Any) -> Settings:
+    return settings_from_mapping({"compaction": compaction}, env={})
+
+
+@pytest.mark.parametrize(("compaction", "limit"), [
+    ({}, 60_000),                                                           # clearing's 0.6 before the 0.8 threshold
+    ({"threshold": 0.5, "target": 0.4}, 50_000),
+    ({"tool_results": {"clear": {"enabled": False}}}, 80_000),
+    ({"tool_results": {"clear": {"enabled": False}, "summarize_pairs": {"enabled": True}}}, 25_000),
+    ({"threshold": 0, "tool_results": {"clear": {"enabled": False}}}, 100_000),  # reactive only: the window
+])
+def test_the_first_limit_is_the_lowest_share_that_acts(compaction: dict[str, Any], limit: int) -> None:
+    assert glance.first_limit(settings_with(**compaction), "m", 100_000) == limit
+
+
+@pytest.mark.parametrize(("payload", "reserve"), [
+    ({}, 1024), ({"max_tokens": 300}, 300), ({"max_completion_tokens": 50, "max_tokens": 9}, 50),
+    ({"max_output_tokens": 7}, 7), ({"max_tokens": 0}, 1024), ({"max_tokens": True}, 1024),
+    ({"max_tokens": "500"}, 1024),
+])
+def test_the_reserve_is_the_clients_cap_or_the_default(payload: dict[str, Any], reserve: int) -> None:
+    assert glance.reserved(payload, 1024) == reserve
+
+
+@pytest.mark.parametrize(("size", "reserve", "limit", "below"), [
+    (1_000, 1024, 60_000, True),
+    (27_952, 1024, 60_000, True),        # exactly half the limit with the template's tokens and the reserve
+    (27_953, 1024, 60_000, False),
+    (1_000, 40_000, 60_000, False),      # a client asking for a long answer
+    (0, 0, 0, False),
+])
+def test_far_below_keeps_half_the_first_limit(size: int, reserve: int, limit: int, below: bool) -> None:
+    assert glance.far_below(size, reserve, limit) is below
+
+
+COUNTER = TokenCounter("cl100k_base")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(min_size=0, max_size=200), min_size=1, max_size=6))
+def test_a_body_holds_no_more_tokens_than_bytes(texts: list[str]) -> None:
+    """The bound the glance rests on, with the proxy's own counting: messages, their overhead, any text."""
+    messages = [{"role": "user" if index % 2 == 0 else "assistant", "content": text}
+                for index, text in enumerate(texts)]
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    assert COUNTER.count_request({"model": "m", "messages": messages}) <= len(body) + glance.TEMPLATE_TOKENS
+    assert all(COUNTER.count_text(text) <= len(json.dumps(text).encode()) for text in texts)

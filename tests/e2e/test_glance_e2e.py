@@ -1,0 +1,167 @@
+"""Requests far below every limit, relayed unread through real sockets: as sent, and still compacted when the
+upstream's window turns out smaller than stated. What goes the whole way (an image, a mode, an unknown window, a
+Messages context edit) still does: the journal charts a request only when it went the whole way."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from proxy.compaction import glance
+from proxy.headers import COMPACTION, MODE
+from tests.conftest import ProxyFactory
+from tests.e2e.test_compaction_e2e import WINDOW, big_history
+from tests.fakes.openai_upstream import FakeUpstream
+from tests.fakes.windowed import WindowedModel
+
+KEY = "sk-glance-owner-0123456789"
+STATED = 128_000  # the window the config states for the model
+MODEL = "fake-small"
+
+
+@pytest.fixture
+def model(fake: FakeUpstream) -> WindowedModel:
+    windowed = WindowedModel(window=WINDOW)  # what the upstream really enforces
+    fake.chat_hook = windowed
+    return windowed
+
+
+def config(window: int = STATED, **compaction: Any) -> dict[str, Any]:
+    return {"models": {MODEL: {"context_window": window}, "default": {"context_window": window}},
+            "upstream": {"discover_windows": False},
+            "compaction": {"background": False, **compaction}}
+
+
+async def post(url: str, body: dict[str, Any] | bytes, path: str = "/v1/chat/completions",
+               headers: dict[str, str] | None = None) -> tuple[int, Any, bytes]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    sent = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json", **(headers or {})}
+    async with aiohttp.ClientSession() as session, session.post(f"{url}{path}", data=data,
+                                                                 headers=sent) as response:
+        return response.status, response.headers, await response.read()
+
+
+async def charted_points(url: str, requests: int) -> int:
+    """Points the journal holds for the caller, once `requests` whole-way requests' writes can have landed."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(100):
+            async with session.get(f"{url}/_proxy/api/conversations", headers=headers) as response:
+                listed = (await response.json())["conversations"]
+            points = 0
+            for conversation in listed:
+                async with session.get(f"{url}/_proxy/api/conversations/{conversation['id']}",
+                                       headers=headers) as response:
+                    points += len((await response.json())["points"])
+            if points >= requests:
+                return points
+            await asyncio.sleep(0.02)
+    return points
+
+
+def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": messages, **extra}
+
+
+async def test_a_small_request_is_relayed_byte_for_byte_and_not_charted(
+        model: WindowedModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(config())
+    raw = json.dumps(chat(big_history(2)), indent=1).encode()  # the client's own formatting, kept
+    status, headers, answer = await post(proxy.url, raw)
+    assert status == 200, answer
+    assert headers[COMPACTION] == "none"
+    assert fake.requests[-1].body == raw
+    # The same conversation with a mode header goes the whole way: only that request is charted.
+    status, headers, _ = await post(proxy.url, raw, headers={MODE: "auto"})
+    assert status == 200 and headers[COMPACTION] == "none"
+    assert await charted_points(proxy.url, 1) == 1
+
+
+@pytest.mark.parametrize("case", ["image", "unknown window", "mode header", "shadow mode", "glance off"])
+async def test_what_a_byte_count_cannot_judge_goes_the_whole_way(case: str, model: WindowedModel,
+                                                                 make_proxy: ProxyFactory) -> None:
+    settings = config(mode="shadow") if case == "shadow mode" else config(glance=False) if case == "glance off" \
+        else config()
+    if case == "unknown window":
+        settings["models"] = {"default": {"context_window": STATED}}  # a guess, not a statement
+    proxy = await make_proxy(settings)
+    messages = big_history(1)
+    if case == "image":
+        messages[-1] = {"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": "https://example.invalid/a.png"}}]}
+    status, _, answer = await post(proxy.url, chat(messages), headers={MODE: "auto"} if case == "mode header" else {})
+    assert status == 200, answer
+    assert await charted_points(proxy.url, 1) == 1
+
+
+async def test_an_overflow_of_a_glanced_request_is_compacted_and_retried_once(
+        model: WindowedModel, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(config(threshold=0.8))
+    history = big_history(30)
+    body = json.dumps(chat(history)).encode()
+    # The stated window makes the request look far below every limit: the upstream's real one is 8,192 tokens.
+    assert glance.far_below(len(body), 1024, int(0.6 * STATED))
+    status, headers, answer = await post(proxy.url, body)
+    assert status == 200, answer
+    assert headers[COMPACTION] == "reactive"
+    chats = [call for call in model.received if not call.summarizer]
+    assert len(chats) == 2 and chats[0].prompt_tokens > WINDOW >= chats[1].prompt_tokens
+    assert json.loads(answer)["choices"][0]["message"]["content"].startswith("Noted: Remember FACT-30")
+    # The overflow stated the window: the next request of that size is judged against it, goes the whole way and
+    # reuses the summary, without a second refusal.
+    status, headers, _ = await post(proxy.url, chat([*history, {"role": "assistant", "content": "ok"},
+                                                     {"role": "user", "content": "and now?"}]))
+    assert status == 200 and headers[COMPACTION] == "reused"
+    assert len([call for call in model.received if not call.summarizer]) == 3
+
+
+async def test_a_glanced_overflow_the_proxy_cannot_read_keeps_the_upstreams_answer(
+        fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    """A body the upstream calls too long but the proxy will not read (nested deeper than it reads) is not lost."""
+    refusal = {"error": {"message": "This model's maximum context length is 100 tokens. However, your messages "
+                                    "resulted in 150 tokens.", "type": "invalid_request_error",
+                         "code": "context_length_exceeded"}}
+
+    async def overflowing(request: web.Request, body: dict[str, Any], state: FakeUpstream) -> web.Response:
+        return web.json_response(refusal, status=400)
+
+    fake.chat_hook = overflowing
+    proxy = await make_proxy(config())
+    raw = b'{"model": "fake-small", "messages": [{"role": "user", "content": "hi"}], "metadata": ' + \
+        b"[" * 200 + b"]" * 200 + b"}"
+    status, headers, answer = await post(proxy.url, raw)
+    assert status == 400 and json.loads(answer) == refusal
+    assert headers[COMPACTION] == "none"
+
+
+async def test_a_glanced_stream_is_relayed_event_by_event(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(config())
+    direct_status, _, direct = await post(fake.url, chat(big_history(1), stream=True))
+    status, headers, relayed = await post(proxy.url, chat(big_history(1), stream=True))
+    assert status == direct_status == 200
+    assert headers[COMPACTION] == "none" and headers["Content-Type"].startswith("text/event-stream")
+    assert relayed == direct
+
+
+async def test_concurrent_glanced_requests_each_get_their_own_answer(
+        fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(config())
+    bodies = [json.dumps(chat([{"role": "user", "content": f"question {index}"}])).encode() for index in range(24)]
+    answers = await asyncio.gather(*(post(proxy.url, body) for body in bodies))
+    for index, (status, headers, answer) in enumerate(answers):
+        assert status == 200 and headers[COMPACTION] == "none"
+        assert json.loads(answer)["choices"][0]["message"]["content"] == f"echo: question {index}"
+    assert sorted(request.body for request in fake.requests) == sorted(bodies)
+
+
+async def test_a_broken_body_is_refused_as_before(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy(config())
+    status, _, answer = await post(proxy.url, b'{"model": "fake-small", "messages": [')
+    assert status == 400 and json.loads(answer)["error"]["type"] == "invalid_request_error"
+    assert fake.requests == []
