@@ -14,16 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import re
-import signal
 from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from bench.processes import raise_open_files
+from bench.processes import serve_child
 from tests.fakes.summariser_requests import is_summarizer_request
 
 SUMMARY = '```json\n{"user_intent": ["bench"], "current_work": "bench"}\n```'
@@ -113,36 +111,12 @@ def build_app() -> web.Application:
     return app
 
 
-async def serve(port: int, ready_file: Path) -> None:
-    runner = web.AppRunner(build_app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
-    await site.start()
-    bound = runner.addresses[0][1]
-    partial = ready_file.with_suffix(".tmp")
-    partial.write_text(str(bound))
-    os.replace(partial, ready_file)  # the port appears whole or not at all
-    stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ready-file", type=Path, required=True)
     args = parser.parse_args()
-    raise_open_files()
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve(args.port, args.ready_file))
-    else:
-        uvloop.run(serve(args.port, args.ready_file))
+    serve_child(build_app(), args.port, args.ready_file)
 
 
 if __name__ == "__main__":

@@ -10,16 +10,13 @@ by chunk as it arrives. No parsing, no logging, no metrics. It runs on uvloop wh
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
-from bench.processes import raise_open_files
+from bench.processes import serve_child
 
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("upstream", str)
@@ -57,36 +54,13 @@ def make_app(upstream: str) -> web.Application:
     return app
 
 
-async def serve(upstream: str, port: int, ready_file: Path) -> None:
-    runner = web.AppRunner(make_app(upstream), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
-    await site.start()
-    partial = ready_file.with_suffix(".tmp")
-    partial.write_text(str(runner.addresses[0][1]))
-    os.replace(partial, ready_file)  # the port appears whole or not at all
-    stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__)
     parser.add_argument("--upstream", required=True, help="the upstream's origin, e.g. http://127.0.0.1:8001")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ready-file", type=Path, required=True, help="where the bound port is written")
     args = parser.parse_args()
-    raise_open_files()
-    try:
-        import uvloop
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    runner(serve(args.upstream, args.port, args.ready_file))
+    serve_child(make_app(args.upstream), args.port, args.ready_file)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import resource
@@ -14,6 +15,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from aiohttp import web
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 BENCH_ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +107,36 @@ def start_upstream(directory: Path) -> tuple[Child, int]:
     child = spawn("fake upstream", argv, cwd=BENCH_ROOT, log=directory / "upstream.log")
     wait_until(child, ready.exists)
     return child, int(ready.read_text())
+
+
+def serve_child(app: web.Application, port: int, ready_file: Path) -> None:
+    """A benchmark child's main (the fake upstream, the floor): serve `app` on 127.0.0.1:`port` until SIGINT or
+    SIGTERM, writing the bound port into `ready_file` once it listens; on uvloop when it is installed, as
+    `python -m proxy` serves by default."""
+    raise_open_files()
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(_serve_until_stopped(app, port, ready_file))
+    else:
+        uvloop.run(_serve_until_stopped(app, port, ready_file))
+
+
+async def _serve_until_stopped(app: web.Application, port: int, ready_file: Path) -> None:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
+    await site.start()
+    partial = ready_file.with_suffix(".tmp")
+    partial.write_text(str(runner.addresses[0][1]))
+    os.replace(partial, ready_file)  # the port appears whole or not at all
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 def start_floor(directory: Path, upstream_port: int) -> tuple[Child, int]:

@@ -57,13 +57,14 @@ def absolute(by_column: ByColumn, field: str, *, direct: bool = True, scale: flo
             if (direct or column != DIRECT) and (values := _rounds(by_column, column, field))}
 
 
-def paired(by_column: ByColumn, field: str, combine: Callable[[float, float], float]) -> dict[str, float]:
-    """Per column but direct, the median over rounds of combine(column's figure, direct's figure that round)."""
-    base = _rounds(by_column, DIRECT, field)
+def paired(by_column: ByColumn, field: str, combine: Callable[[float, float], float],
+           base_column: str = DIRECT) -> dict[str, float]:
+    """Per column but the base, the median over rounds of combine(column's figure, the base's figure that round)."""
+    base = _rounds(by_column, base_column, field)
     figures = {}
     for column in by_column:
         values = _rounds(by_column, column, field)
-        if column != DIRECT and values and len(values) == len(base):
+        if column != base_column and values and len(values) == len(base):
             figures[column] = statistics.median(combine(value, ref) for value, ref in zip(values, base, strict=True))
     return figures
 
@@ -72,12 +73,20 @@ def added(by_column: ByColumn, field: str) -> dict[str, float]:
     return paired(by_column, field, lambda value, ref: value - ref)
 
 
+def _over(value: float, ref: float) -> float:
+    return value / ref if ref else float("nan")
+
+
 def ratio(by_column: ByColumn, field: str) -> dict[str, float]:
-    return paired(by_column, field, lambda value, ref: value / ref if ref else float("nan"))
+    return paired(by_column, field, _over)
 
 
 def cpu(by_column: ByColumn) -> dict[str, float]:
     return absolute(by_column, "cpu_ms_per_request", direct=False)
+
+
+# The columns that are not a proxy: a figure "over the floor's" is reported for the others only.
+REFERENCES = (DIRECT, FLOOR, "nginx")
 
 
 def over_floor(figures: dict[str, float]) -> dict[str, float]:
@@ -85,18 +94,13 @@ def over_floor(figures: dict[str, float]) -> dict[str, float]:
     floor = figures.get(FLOOR)
     if not floor or floor <= 0:
         return {}
-    return {column: value / floor for column, value in figures.items() if column not in (DIRECT, FLOOR, "nginx")}
+    return {column: value / floor for column, value in figures.items() if column not in REFERENCES}
 
 
 def throughput_over_floor(by_column: ByColumn) -> dict[str, float]:
     """Per proxy column, the median over rounds of its throughput over the floor's in the same round."""
-    base = _rounds(by_column, FLOOR, "rps")
-    figures = {}
-    for column in by_column:
-        values = _rounds(by_column, column, "rps")
-        if column not in (DIRECT, FLOOR, "nginx") and values and len(values) == len(base):
-            figures[column] = statistics.median(value / ref for value, ref in zip(values, base, strict=True) if ref)
-    return figures
+    figures = paired(by_column, "rps", _over, base_column=FLOOR)
+    return {column: value for column, value in figures.items() if column not in REFERENCES}
 
 
 def small_rows(results: Results) -> list[Row]:

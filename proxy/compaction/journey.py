@@ -48,7 +48,7 @@ class Journey(Generic[C]):
         replacement counted now."""
         conversation, read = self.conversation, self.history.tokens
         if conversation.record is None:
-            return list(read)
+            return read
         return [*count_each(conversation.record.replacement), *read[conversation.record.prefix_len:]]
 
 

@@ -69,7 +69,7 @@ def cleared(messages: Sequence[Message], rule: ClearingRule, count: Count, *, ro
     """`messages` with the results before the cut replaced; `room` is what the messages may take (in `count`'s
     tokens) before a clearing is due; `untouchable` indexes (what compaction made) are kept; `reported` says what
     of a result its placeholder keeps; `sizes`, when given, are `count` of each message, counted in one pass."""
-    sizes = [count(message) for message in messages] if sizes is None else list(sizes)
+    sizes = [count(message) for message in messages] if sizes is None else sizes
     if sum(sizes) <= room:  # the replay never passes the room: no cut, and no placeholder need be made
         return Cleared(list(messages))
     results = [result for result in _results(messages)
@@ -90,7 +90,7 @@ def cleared(messages: Sequence[Message], rule: ClearingRule, count: Count, *, ro
     return Cleared(sent, cut, freed, frozenset(result.index for result in results[:cut]))
 
 
-def _cut(results: list[_Result], sizes: list[int], saving: list[int], rule: ClearingRule, room: int) -> int:
+def _cut(results: list[_Result], sizes: Sequence[int], saving: list[int], rule: ClearingRule, room: int) -> int:
     """How many of `results` are cleared: the conversation replayed message by message; whenever the total passes
     `room`, the cut moves to all but the last results kept (`keep` at most, within a quarter of the room, the
     latest round's always), if that frees `clear_at_least` and half the room — so a clearing is a large step, and
@@ -111,7 +111,7 @@ def _cut(results: list[_Result], sizes: list[int], saving: list[int], rule: Clea
     return cut
 
 
-def _kept(results: list[_Result], sizes: list[int], keep: int, room: int) -> int:
+def _kept(results: list[_Result], sizes: Sequence[int], keep: int, room: int) -> int:
     """How many of the latest `results` stay whole: up to `keep` within `room` tokens, the latest round's always."""
     kept = tokens = 0
     latest = results[-1].call

@@ -34,6 +34,11 @@ _COUNT_BYTES = 64 * 1024  # more than any token count answer holds
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def query_of(request: web.Request) -> str:
+    """The raw query string, forwarded as it came."""
+    return request.raw_path.partition("?")[2]
+
+
 def upstream_request(request: web.Request, body: bytes) -> UpstreamRequest:
     """The client's request re-addressed below the upstream base URL, query string kept raw."""
     path, _, query = request.raw_path.partition("?")
@@ -60,7 +65,7 @@ def compacting(dialect: str) -> Handler:
         pipeline = pinned(request).pipelines[dialect]
         body = await read_body(request)
         if (model := pipeline.glanced(body, request.headers)) is not None:
-            async with pipeline.relay(body, request.headers, request.raw_path.partition("?")[2], model) as answer:
+            async with pipeline.relay(body, request.headers, query_of(request), model) as answer:
                 return await deliver(request, answer)
         call = await parsed(request, pipeline, body)
         if call.compaction_requested:
@@ -78,8 +83,8 @@ def compacting(dialect: str) -> Handler:
 async def parsed(request: web.Request, pipeline: Serving, body: bytes | None = None) -> Call:
     body = await read_body(request) if body is None else body
     # Parsing (and bounding) a history of many megabytes is CPU work: off the loop when it is that large.
-    query = request.raw_path.partition("?")[2]
-    call: Call = await off_loop_above(LARGE_JSON, len(body), pipeline.parse, body, request.headers, query)
+    call: Call = await off_loop_above(LARGE_JSON, len(body), pipeline.parse, body, request.headers,
+                                      query_of(request))
     return call
 
 

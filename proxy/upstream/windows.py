@@ -58,28 +58,24 @@ class ContextWindows:
         stated = self.stated(model, upstream)
         return stated if stated is not None else self._settings.models["default"].context_window
 
-    def smallest_stated(self, model: str | None, upstream: UpstreamRole = "chat") -> int | None:
-        """The smallest window anyone stated for `model` (its config entry, an overflow error, the upstream's
-        list), or None when only the default's guess is known: what a glance may judge a request by."""
-        base = self._config(upstream).base_url
-        snapshot = self._snapshots.get(base)
-        statements = (self._configured(model), self._learned.get((base, model or "")),
-                      snapshot.discovered.window(model) if snapshot else None)
-        return min((window for window in statements if window is not None), default=None)
-
     def stated(self, model: str | None, upstream: UpstreamRole = "chat") -> int | None:
-        """The window someone stated for `model` (its config entry, an overflow error, the upstream's list), or
-        None when only the default's guess is known."""
-        configured = self._configured(model)
-        if configured is not None:
-            return configured
+        """The window someone stated for `model`, the most authoritative first (its config entry, an overflow error,
+        the upstream's list), or None when only the default's guess is known."""
+        return next((window for window in self._statements(model, upstream) if window is not None), None)
+
+    def smallest_stated(self, model: str | None, upstream: UpstreamRole = "chat") -> int | None:
+        """The smallest window anyone stated for `model`, or None when only the default's guess is known: what a
+        glance may judge a request by."""
+        return min((window for window in self._statements(model, upstream) if window is not None), default=None)
+
+    def _statements(self, model: str | None, upstream: UpstreamRole) -> tuple[int | None, int | None, int | None]:
+        """What the config entry, an overflow error and the upstream's list say of `model`'s window, in that order
+        of authority."""
         base = self._config(upstream).base_url
-        learned = self._learned.get((base, model or ""))
-        if learned is not None:
-            return learned
         snapshot = self._snapshots.get(base)
         # A stale snapshot still beats the default: windows rarely change, and resolve() refreshes it.
-        return snapshot.discovered.window(model) if snapshot else None
+        return (self._configured(model), self._learned.get((base, model or "")),
+                snapshot.discovered.window(model) if snapshot else None)
 
     async def resolve(self, model: str | None, *, headers: Mapping[str, str],
                       upstream: UpstreamRole = "chat") -> int:
