@@ -3,36 +3,25 @@ plan, the user's rules in the user's words."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from proxy.core.messages import Message, content_text, role
+from proxy.summarizer.stated import EXACT, mentions, overrides
 from proxy.summarizer.summary import Decision, StructuredSummary
 
 # Fields that state what is current: a value the conversation replaced must not appear there as if it were.
 CURRENT_LIST_FIELDS = ("user_intent", "pending_tasks")
 CURRENT_TEXT_FIELDS = ("current_work", "next_step")
-# A user's word for a change of mind, and the old and new values around it. A value is one token: an identifier,
-# a path, a version, a backticked span.
-_VALUE = r"`([^`\n]{1,80})`|([\w][\w./:@+-]{1,80})"
-_OVERRIDES = (
-    re.compile(rf"\buse\s+(?:{_VALUE})\s+(?:instead\s+of|rather\s+than)\s+(?:{_VALUE})", re.IGNORECASE),
-    re.compile(rf"\bswitch(?:ed)?\s+from\s+(?:{_VALUE})\s+to\s+(?:{_VALUE})", re.IGNORECASE),
-    re.compile(rf"\breplace\s+(?:{_VALUE})\s+with\s+(?:{_VALUE})", re.IGNORECASE),
-)
-# Which group pair of each pattern is (new, old): "use NEW instead of OLD" names the new value first.
-_NEW_FIRST = (True, False, False)
-# A bare word is a value only when it looks like one (a name with a capital, a digit or punctuation inside):
-# "use caching instead of polling" names no value to police; "use Postgres instead of SQLite" does.
-_VALUE_LIKE = re.compile(r"[A-Z0-9_./:@+-]")
 # A copied reply: the plan must not be the assistant's own words; below this many characters a match is chance.
 MIN_COPIED_CHARS = 40
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(])")
 _SPACE = re.compile(r"\s+")
 _WORD = re.compile(r"[\w./:@+-]+")
-# An exact value inside a constraint: a token with a digit or inner punctuation (a path, a host, a version).
-_EXACT = re.compile(r"\d|\w[_/.:@-]\w|/$")
+# Where a quoted span may end in the text it quotes: not inside a value.
+_TOKEN_END = re.compile(r"(?![\w/@+-]|[.:]\w)")
 _SHOWN = 80
 
 
@@ -41,36 +30,12 @@ class Correction:
     """One change the checks made, for the compaction's log line."""
 
     field: str
-    rule: str  # "replaced_value" | "copied_reply" | "decision_current" | "replaced_is_current" | "quoted"
+    rule: str  # "replaced_value" | "copied_reply" | "decision_current" | "replaced_is_current" | "quoted" | "unfounded"
     text: str  # what was dropped or rewritten, shortened
 
     def as_log(self) -> dict[str, str]:
         """The field and the rule only: the text is the conversation's, and logs never carry a client's words."""
         return {"field": self.field, "rule": self.rule}
-
-
-def overrides(messages: Sequence[Message]) -> list[tuple[str, str]]:
-    """(old, new) for each change of mind the user stated in so many words, oldest first."""
-    found: list[tuple[int, int, str, str]] = []
-    for index, message in enumerate(messages):
-        if role(message) != "user":
-            continue
-        text = content_text(message.get("content"))
-        for pattern, new_first in zip(_OVERRIDES, _NEW_FIRST, strict=True):
-            for match in pattern.finditer(text):
-                first, second = _value(match.group(1), match.group(2)), _value(match.group(3), match.group(4))
-                if first is None or second is None:
-                    continue
-                new, old = (first, second) if new_first else (second, first)
-                found.append((index, match.start(), old, new))
-    return [(old, new) for _, _, old, new in sorted(found) if old.lower() != new.lower()]
-
-
-def _value(quoted: str | None, bare: str | None) -> str | None:
-    if quoted:
-        return quoted.strip()
-    word = (bare or "").rstrip(".,;:")
-    return word if len(word) >= 2 and _VALUE_LIKE.search(word) else None
 
 
 def replaced_values(summary: StructuredSummary, stated: Sequence[tuple[str, str]]) -> dict[str, str]:
@@ -94,7 +59,7 @@ def corrected(summary: StructuredSummary, messages: Sequence[Message]) -> tuple[
     replaced = replaced_values(summary, stated)
     corrections: list[Correction] = []
     changes: dict[str, object] = {}
-    decisions = _current_decisions(summary.decisions, replaced, corrections)
+    decisions = _founded(_current_decisions(summary.decisions, replaced, corrections), messages, corrections)
     if decisions != summary.decisions:
         changes["decisions"] = decisions
     for name in CURRENT_LIST_FIELDS:
@@ -127,15 +92,48 @@ def _quoted(constraints: tuple[str, ...], messages: Sequence[Message],
     said = _folded(" ".join(sentences))
     quoted = []
     for item in constraints:
-        values = {token.strip(".,:;()\"'") for token in _WORD.findall(item)} - {""}
-        values = {value for value in values if _EXACT.search(value)}
-        holding = [sentence for sentence in sentences if all(_mentions(sentence, value) for value in values)]
-        if _folded(item) in said or not values or not holding:
+        values = _exact_values(item)
+        holding = [sentence for sentence in sentences if all(mentions(sentence, value) for value in values)]
+        if _quotes(_folded(item), said) or not values or not holding:
             quoted.append(item)
             continue
         corrections.append(Correction("constraints", "quoted", _short(item)))
         quoted.append(holding[-1])
     return tuple(dict.fromkeys(quoted))
+
+
+def _exact_values(text: str) -> set[str]:
+    """The values `text` names exactly: its tokens with a digit or inner punctuation (a path, a host, a version)."""
+    tokens = {token.strip(".,:;()\"'") for token in _WORD.findall(text)}
+    return {token for token in tokens if token and EXACT.search(token)}
+
+
+def _quotes(item: str, said: str) -> bool:
+    """Whether `item` is the user's words as said: found whole, not cut off inside a value ("Only ledger" of "Only
+    ledger-staging-8 may be migrated" names another host)."""
+    return any(_TOKEN_END.match(said, match.end()) for match in re.finditer(re.escape(item), said)) if item else False
+
+
+def _founded(decisions: tuple[Decision, ...], messages: Sequence[Message],
+             corrections: list[Correction]) -> tuple[Decision, ...]:
+    """The decisions whose exact values (a name with a digit or inner punctuation) the conversation holds: a
+    small model garbles one now and then ("1416_add_vesar" for "1416_add_vesper_index"), and a reader takes the
+    garbled one as current."""
+    said: str | None = None
+    kept = []
+    for decision in decisions:
+        if exact := _exact_values(decision.current or ""):
+            said = said if said is not None else "\n".join(_message_words(message) for message in messages)
+            if missing := [value for value in exact if not mentions(said, value)]:
+                corrections.append(Correction("decisions", "unfounded", _short(missing[0])))
+                continue
+        kept.append(decision)
+    return tuple(kept)
+
+
+def _message_words(message: Message) -> str:
+    calls = message.get("tool_calls")
+    return (content_text(message.get("content")) + (json.dumps(calls) if calls else "")).lower()
 
 
 def _current_decisions(decisions: tuple[Decision, ...], replaced: dict[str, str],
@@ -160,14 +158,10 @@ def _current_decisions(decisions: tuple[Decision, ...], replaced: dict[str, str]
 def _names_replaced(text: str, replaced: dict[str, str], name: str, corrections: list[Correction]) -> bool:
     """Whether `text` names a replaced value without naming what replaced it (then it states it as current)."""
     for old, new in replaced.items():
-        if _mentions(text, old) and not (new and _mentions(text, new)):
+        if mentions(text, old) and not (new and mentions(text, new)):
             corrections.append(Correction(name, "replaced_value", _short(text)))
             return True
     return False
-
-
-def _mentions(text: str, value: str) -> bool:
-    return re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w-])", text, re.IGNORECASE) is not None
 
 
 def _copied(text: str, messages: Sequence[Message]) -> bool:

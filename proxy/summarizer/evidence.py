@@ -16,8 +16,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.core.messages import Message, content_text, is_user, role
+from proxy.summarizer import stated
 from proxy.summarizer.fence import inline_code
-from proxy.summarizer.summary import FileNote, StructuredSummary
+from proxy.summarizer.summary import Decision, FileNote, StructuredSummary
 
 # A line of tool output reporting a failure. The line is quoted as printed: an error's exact text is the fact
 # most often lost, and a model asked for it verbatim paraphrases it anyway.
@@ -75,6 +76,8 @@ class Evidence:
     user_messages: tuple[str, ...] = ()
     actions: tuple[Action, ...] = ()
     conclusions: tuple[str, ...] = ()  # what the assistant told the user between tool rounds
+    decisions: tuple[Decision, ...] = ()  # in force, current by construction (proxy.summarizer.stated)
+    rules: tuple[str, ...] = ()  # the user's, in the user's words
 
 
 def gather(messages: Sequence[Message], kept: Iterable[Message] = ()) -> Evidence:
@@ -89,7 +92,7 @@ def gather(messages: Sequence[Message], kept: Iterable[Message] = ()) -> Evidenc
                if role(message) == "tool"}
     actions = tuple(action for message in messages if role(message) == "assistant"
                     for call in message.get("tool_calls") or () if (action := _action(call, results)) is not None)
-    return Evidence(users, actions, conclusions)
+    return Evidence(users, actions, conclusions, stated.decisions(messages), stated.rules(messages))
 
 
 def _action(call: Any, results: dict[Any, str]) -> Action | None:
@@ -199,6 +202,7 @@ class _Item:
     code: str = ""                  # a file's settings, as read
     exact: bool = True              # a value a summary must not lose (not context: conclusions, runs, reads)
     needed: tuple[str, ...] = ()    # the parts a summary must hold for the entry to be there (else its text)
+    decision: Decision | None = None
 
     @property
     def detail(self) -> str:
@@ -212,8 +216,14 @@ def carries_facts(text: str) -> bool:
 
 
 def _items(evidence: Evidence) -> Iterator[_Item]:
-    """Candidates most important first: the user's words (those that carry names, numbers, paths or rules first),
-    errors, settings read, files changed, what the assistant concluded, commands, files read."""
+    """Candidates most important first: the user's rules and the decisions in force, the user's words (those that
+    carry names, numbers, paths or rules first), errors, settings read, files changed, what the assistant
+    concluded, commands, files read."""
+    yield from (_Item("constraints", rule) for rule in evidence.rules)
+    for decision in evidence.decisions:
+        values = (decision.current or "", *decision.replaced)
+        yield _Item("decisions", decision.current or "", needed=values if decision.topic or decision.replaced else (),
+                    decision=decision)
     newest_words = list(reversed(evidence.user_messages))
     for text in [*filter(carries_facts, newest_words), *itertools.filterfalse(carries_facts, newest_words)]:
         yield _Item("user_messages", text)
@@ -284,29 +294,40 @@ def complete(summary: StructuredSummary | None, text: str, evidence: Evidence, r
     Returns it and how many entries were added. Entries are whole or absent, most important first; one that
     does not fit is passed over for smaller ones after it.
     """
-    have = normalised(text)
+    base = summary or StructuredSummary()
+    # The current state is looked for in its own sections: the user's words quoted under User Messages do not
+    # make a decision or a rule stated as one.
+    have = {"": normalised(text), "constraints": normalised(" ".join(base.constraints)),
+            "decisions": normalised(" ".join(_decision_text(decision) for decision in base.decisions))}
     fields: dict[str, list[Any]] = {"user_messages": [], "errors_and_fixes": [], "problem_solving": [],
-                                    "files": []}
+                                    "files": [], "constraints": [], "decisions": []}
     added = spent = 0
     for item in _items(evidence):
         limit = room + max(0, exact_room) if item.exact else room
         if limit - spent < MIN_ITEM_TOKENS:
             break  # exact values come first: past one whose limit is spent, every later limit is
-        cost = count(item.text + item.detail + item.code) + (8 if item.code else 4)  # bullets, fences, breaks
-        if spent + cost > limit or not _missing(item, have):
+        written = _decision_text(item.decision) if item.decision else item.text + item.detail + item.code
+        cost = count(written) + (8 if item.code else 4)  # bullets, fences, breaks
+        section = item.field if item.field in have else ""
+        if spent + cost > limit or not _missing(item, have[section]):
             continue
         spent += cost
         added += 1
-        have += " " + normalised(f"{item.text} {item.detail} {item.code}")
+        have[section] += " " + normalised(_decision_text(item.decision) if item.decision else
+                                          f"{item.text} {item.detail} {item.code}")
         fields[item.field].append(FileNote(item.text, item.detail or None, item.code or None)
-                                  if item.field == "files" else item.text)
-    base = summary or StructuredSummary()
-    merged = replace(base,
+                                  if item.field == "files" else item.decision or item.text)
+    merged = replace(base, decisions=(*fields["decisions"], *base.decisions),
+                     constraints=(*fields["constraints"], *base.constraints),
                      user_messages=(*base.user_messages, *reversed(fields["user_messages"])),
                      errors_and_fixes=(*base.errors_and_fixes, *fields["errors_and_fixes"]),
                      problem_solving=(*base.problem_solving, *fields["problem_solving"]),
                      files=_merged_files(base.files, fields["files"]))
     return merged, added
+
+
+def _decision_text(decision: Decision) -> str:
+    return " ".join(filter(None, (decision.topic, decision.current, *decision.replaced, decision.said)))
 
 
 def _merged_files(notes: Sequence[FileNote], added: Sequence[FileNote]) -> tuple[FileNote, ...]:

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from proxy.summarizer.current_state import corrected, overrides, replaced_values
+from proxy.summarizer.current_state import corrected, replaced_values
+from proxy.summarizer.stated import overrides
 from proxy.summarizer.summary import Decision, StructuredSummary
 
 OVERRIDE = {"role": "user", "content": "One change: use snapfmt_new_2 instead of snapfmt_old_1 for the snapshots."}
@@ -14,24 +15,6 @@ REPLY = ("I will write the ledger snapshots with the new format and then run the
          "on every shard.")
 HISTORY = [{"role": "user", "content": "Fix the reconcile tests."}, {"role": "assistant", "content": REPLY},
            OVERRIDE]
-
-
-@pytest.mark.parametrize(("text", "found"), [
-    ("use snapfmt_new_2 instead of snapfmt_old_1", [("snapfmt_old_1", "snapfmt_new_2")]),
-    ("Please use `fmt b` rather than `fmt a`.", [("fmt a", "fmt b")]),
-    ("switch from SQLite to Postgres, thanks", [("SQLite", "Postgres")]),
-    ("Replace v1.2 with v1.3.", [("v1.2", "v1.3")]),
-    ("use caching instead of polling", []),  # words, not values: nothing to police
-    ("use the cache instead", []),
-    ("switch from SQLite to sqlite", []),  # the same value
-])
-def test_overrides_are_read_from_the_users_own_words(text: str, found: list[tuple[str, str]]) -> None:
-    assert overrides([{"role": "user", "content": text}]) == found
-
-
-def test_an_assistant_or_a_tool_stating_a_change_is_not_the_user_deciding() -> None:
-    said = "use snapfmt_new_2 instead of snapfmt_old_1"
-    assert overrides([{"role": "assistant", "content": said}, {"role": "tool", "content": said}]) == []
 
 
 def test_a_chain_of_overrides_leaves_only_the_latest_current() -> None:
@@ -123,6 +106,9 @@ RULES = [{"role": "user", "content": "Fix the tests. Never touch third_party/amb
     ("Keep the tests fast", "Keep the tests fast"),  # no exact value to find the user's sentence by
     ("Only migrate ledger-staging-9", "Only migrate ledger-staging-9"),  # the assistant said it, not the user
     ("Migrate ledger-staging-7, never ledger-prod-4", "Migrate ledger-staging-7, never ledger-prod-4"),  # two sentences
+    # The user's words cut off inside a value name another host: the sentence is quoted whole.
+    ("Careful: never run migrations on ledger-prod-4. Only ledger", "Careful: never run migrations on ledger-prod-4."),
+    ("Careful: never run migrations on ledger-prod-4.", "Careful: never run migrations on ledger-prod-4."),
 ])
 def test_a_paraphrased_constraint_becomes_the_users_sentence(written: str, quoted: str) -> None:
     fixed, corrections = corrected(StructuredSummary(constraints=(written,)), RULES)
@@ -142,3 +128,21 @@ def test_a_decision_listing_its_current_value_as_replaced_keeps_it_current() -> 
     fixed, [correction] = corrected(summary, [{"role": "user", "content": "Fix the tests."}])
     assert fixed.decisions == (Decision("task", "Fix the tests", ("Run pytest",)),)
     assert correction.rule == "replaced_is_current"
+
+
+@pytest.mark.parametrize(("current", "kept"), [
+    ("the schema change goes into a new migration named 1416_add_vesper_index", True),
+    ("the schema change goes into a new migration named 1416_add_vesar", False),  # garbled: no such name was said
+    ("1416_add_vesper", False),  # cut off inside the name
+    ("Postgres for the database", True),  # no exact value to look for
+    ("migrations/1416_add_vesper_index.sql", True),  # found in a tool call's arguments
+])
+def test_a_decision_naming_a_value_the_conversation_never_held_is_dropped(current: str, kept: bool) -> None:
+    history = [{"role": "user", "content": "Fix the reconcile tests."},
+               {"role": "assistant", "content": "Decision: the schema change goes into a new migration named "
+                                                "1416_add_vesper_index.",
+                "tool_calls": [{"id": "c", "type": "function", "function": {
+                    "name": "edit_file", "arguments": '{"path": "migrations/1416_add_vesper_index.sql"}'}}]}]
+    fixed, corrections = corrected(StructuredSummary(decisions=(Decision("migration", current),)), history)
+    assert (fixed.decisions == (Decision("migration", current),)) is kept
+    assert [c.rule for c in corrections] == ([] if kept else ["unfounded"])

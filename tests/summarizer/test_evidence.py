@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from proxy.summarizer.evidence import (
     normalised,
     reported,
 )
-from proxy.summarizer.summary import FileNote, StructuredSummary
+from proxy.summarizer.summary import Decision, FileNote, StructuredSummary
 
 COUNTER = TokenCounter()
 ERROR = "E   ReconcileError: E1464: duplicate journal key cd0e87"
@@ -106,8 +107,11 @@ def test_complete_adds_what_the_summary_lacks_in_its_fields() -> None:
     summary = StructuredSummary(user_intent=("fix the tests",), files=(FileNote("src/payments/ledger.py", "bug"),))
     merged, added = complete(summary, "fix the tests src/payments/ledger.py bug", gather(HISTORY), 1000,
                              COUNTER.count_text)
-    assert added == 5
+    assert added == 7
     assert merged.user_intent == ("fix the tests",)
+    assert merged.constraints == ("Never touch third_party/vendored_1234/.",)
+    assert merged.decisions == (Decision(None, "snapfmt_b", ("snapfmt_a",),
+                                         "Use snapfmt_b instead of snapfmt_a from now on."),)
     assert merged.user_messages == (HISTORY[0]["content"], HISTORY[-1]["content"])
     assert merged.errors_and_fixes == (f"`pytest tests/payments -q` output: `tests/payments/test_x.py::test_batch "
                                        f"FAILED` | `{ERROR}` | `1 failed, 6 passed in 3.41s`",)
@@ -124,8 +128,14 @@ def test_complete_adds_nothing_the_summary_already_quotes() -> None:
     assert added == 0 and again == first
 
 
+def unstated(messages: list[dict[str, Any]]) -> Evidence:
+    """The evidence without the rules and decisions, which rank first (tested on their own): how the other kinds
+    rank among themselves."""
+    return replace(gather(messages), decisions=(), rules=())
+
+
 def test_complete_ranks_within_its_room() -> None:
-    evidence = gather(HISTORY)
+    evidence = unstated(HISTORY)
     merged, added = complete(None, "", evidence, 30, COUNTER.count_text)
     assert merged.user_messages == (HISTORY[-1]["content"],), "the newest user message comes first"
     assert merged.problem_solving == ("ran `git status`",) and added == 2, "what does not fit is passed over"
@@ -191,7 +201,8 @@ def test_an_earlier_failure_of_the_same_command_ranks_after_the_settings_and_fil
 
 def test_a_summary_quoting_with_other_spacing_and_case_counts_as_quoted() -> None:
     evidence = gather([HISTORY[0]])
-    _, added = complete(None, "FIX THE TESTS.\n  never touch   third_party/vendored_1234/.", evidence, 100,
+    quoted = StructuredSummary(constraints=("never touch   THIRD_PARTY/vendored_1234/.",))
+    _, added = complete(quoted, "FIX THE TESTS.\n  never touch   third_party/vendored_1234/.", evidence, 100,
                         COUNTER.count_text)
     assert added == 0
 
@@ -229,7 +240,7 @@ def test_a_settings_file_read_is_kept_with_its_lines_before_the_files_changed() 
                                        ENV_FILE)
     assert [note.path for note in merged.files] == ["config/ledger.env", "src/payments/ledger.py"]
     assert "LEDGER_PORT=40417" in merged.render()
-    tight, _ = complete(None, "", gather(history), 160, COUNTER.count_text)  # users, error (quoted), settings
+    tight, _ = complete(None, "", unstated(history), 160, COUNTER.count_text)  # users, error (quoted), settings
     assert [note.path for note in tight.files] == ["config/ledger.env"], "the settings outrank the other files"
 
 
@@ -270,7 +281,7 @@ def test_conclusions_rank_after_the_files_changed_and_before_the_commands() -> N
     merged, _ = complete(None, "", gather(history), 1000, COUNTER.count_text)
     assert merged.problem_solving == (FINDING, "ran `git status`")
     # With room for the user's words, the error (quoted), the file changed and one more: the finding, not the command.
-    tight, _ = complete(None, "", gather(history), 160, COUNTER.count_text)
+    tight, _ = complete(None, "", unstated(history), 160, COUNTER.count_text)
     assert tight.problem_solving == (FINDING,) and len(tight.files) == 1
 
 
@@ -358,3 +369,33 @@ def test_settings_a_command_printed_are_quoted_as_code() -> None:
 ], ids=["test-log", "settings", "listing", "empty", "backtick"])
 def test_what_a_placeholder_keeps_of_an_output(output: str, expected: str) -> None:
     assert reported(output) == expected
+
+
+def test_the_rules_and_the_decisions_in_force_come_first_in_their_own_sections() -> None:
+    history = [*HISTORY, {"role": "user", "content": "Change of plan: switch from snapfmt_b to snapfmt_c for the "
+                                                     "snapshots."}]
+    room = COUNTER.count_text("Never touch third_party/vendored_1234/.") + 4
+    rules_only, added = complete(None, "", gather(history), room, COUNTER.count_text)
+    assert (rules_only.constraints, rules_only.decisions, rules_only.user_messages, added) == (
+        ("Never touch third_party/vendored_1234/.",), (), (), 1)
+    merged, _ = complete(None, "", gather(history), 1000, COUNTER.count_text)
+    assert merged.decisions == (Decision("snapshots", "snapfmt_c", ("snapfmt_a", "snapfmt_b"),
+                                         "Change of plan: switch from snapfmt_b to snapfmt_c for the snapshots."),)
+    text = merged.render()
+    assert text.index("## Current Decisions") < text.index("## Constraints") < text.index("## User Messages")
+    assert "- snapshots: snapfmt_c (replaced, no longer current: snapfmt_a; snapfmt_b)" in text
+
+
+@pytest.mark.parametrize(("decisions", "constraints", "added"), [
+    pytest.param((), (), 2, id="neither section: both added"),
+    pytest.param((Decision("format", "snapfmt_b", ("snapfmt_a",)),), (), 1, id="the decision stated already"),
+    pytest.param((Decision("format", "snapfmt_b"),), (), 2, id="stated without what it replaced: added"),
+    pytest.param((), ("Never touch third_party/vendored_1234/.",), 1, id="the rule quoted already"),
+])
+def test_a_rule_or_a_decision_the_summary_states_is_not_added_again(decisions: tuple[Decision, ...],
+                                                                   constraints: tuple[str, ...], added: int) -> None:
+    evidence = replace(gather(HISTORY), user_messages=(), actions=())
+    summary = StructuredSummary(decisions=decisions, constraints=constraints)
+    # The user's words under User Messages hold both values, but they do not state them as current.
+    text = summary.render() + "\n" + " ".join(message["content"] for message in (HISTORY[0], HISTORY[-1]))
+    assert complete(summary, text, evidence, 1000, COUNTER.count_text)[1] == added
