@@ -156,6 +156,7 @@ class Replicate:
         self.failures: list[dict[str, Any]] = []
         self.stage_turns: list[dict[str, Any]] = []
         self._start, self._sent = 0, 0
+        self._since_summary = 0  # the first exchange after the last summary recorded: a prepared one began there
 
     def _on_turn(self, point: int) -> None:
         self._start, self._sent = len(self.recorder.exchanges), point
@@ -170,7 +171,7 @@ class Replicate:
                 self._record_failure(turn.point, turn.reason)
             if turn.compaction in NEW_SUMMARY:
                 cycle += 1
-                self._record_summary(cycle, turn.point)
+                self._record_summary(cycle, turn.point, prepared=turn.compaction == "prepared")
                 await self._probe_all(cycle, self.conversation.messages[:turn.point + 1], via_proxy, direct)
         if cycle < self.options.cycles:
             print(f"  warning: only {cycle} of {self.options.cycles} compactions happened", flush=True)
@@ -195,11 +196,13 @@ class Replicate:
             if turn.point >= max(points):
                 return
 
-    def _record_summary(self, cycle: int, point: int) -> None:
-        exchanges = self.recorder.exchanges[self._start:]
+    def _record_summary(self, cycle: int, point: int, *, prepared: bool = False) -> None:
+        start = self._since_summary if prepared else self._start
+        self._since_summary = len(self.recorder.exchanges)
+        exchanges = self.recorder.exchanges[start:]
         calls, forwarded = split_exchanges(exchanges, self.conversation.messages[self._sent])
         perf = [p for offset, exchange in enumerate(exchanges) if exchange in calls
-                for p in self.recorder.perf.get(self._start + offset, [])]
+                for p in self.recorder.perf.get(start + offset, [])]
         facts = planted_by(self.conversation, point)
         record = summary_record(self.conversation, point, facts, calls, forwarded, perf)
         self.summaries.append({"replicate": self.seed, "cycle": cycle, **record})

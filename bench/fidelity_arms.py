@@ -20,6 +20,7 @@ from proxy.core.tokens import TokenCounter
 from proxy.summarizer.summary import StructuredSummary
 from tests.e2e_real.model_server import Perf, parse_perf
 from tests.e2e_real.recorder import Exchange, Recorder
+from tests.fakes.summariser_requests import is_summarizer_request
 
 NAIVE_INSTRUCTION = "Summarise the conversation so far in one paragraph."
 NAIVE_MAX_TOKENS = 256
@@ -95,7 +96,11 @@ def split_exchanges(exchanges: Sequence[Exchange], sent_last: Message) -> tuple[
     """
     chats = [exchange for exchange in exchanges if exchange.is_chat]
     forwarded = [exchange for exchange in chats if (exchange.request.get("messages") or [None])[-1] == sent_last]
-    return [exchange for exchange in chats if exchange not in forwarded], (forwarded[-1] if forwarded else None)
+    # A summary prepared ahead was asked for turns before it was spliced in: among those turns' own requests, a
+    # summary's is the one that asks for one.
+    calls = [exchange for exchange in chats if exchange not in forwarded
+             and is_summarizer_request(exchange.request.get("messages") or [])]
+    return calls, (forwarded[-1] if forwarded else None)
 
 
 def summary_record(conversation: Conversation, point: int, facts: Sequence[Fact], calls: Sequence[Exchange],
@@ -159,9 +164,9 @@ class EarlierControls:
                              f"facts planted {measured[3]}, not {model} at {window} over {cycles}, {shape}")
         probes: Controls = {}
         for replicate in data["replicates"]:
-            for probe in replicate["probes"]:
+            for probe in replicate["probes"]:  # a probe's "replicate" is its place in its run, not its seed
                 if probe["arm"] != "proxy":
-                    probes.setdefault((probe["replicate"], probe["cycle"], probe["arm"]), []).append(probe)
+                    probes.setdefault((replicate["seed"], probe["cycle"], probe["arm"]), []).append(probe)
         points = {(replicate["seed"], summary["cycle"]): summary["point"] for replicate in data["replicates"]
                   for summary in replicate["summaries"]}
         return cls(probes, points)

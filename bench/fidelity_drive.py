@@ -14,7 +14,7 @@ from bench.fidelity_filler import Message
 SEED = 1234  # the sampling seed of every request the bench sends (tests/e2e_real/model_server.SEED)
 DRIVE_MAX_TOKENS = 1  # the script supplies the next assistant turn: the model's reply is discarded
 PROBE_MAX_TOKENS = 48
-NEW_SUMMARY = ("proactive", "reactive")
+NEW_SUMMARY = ("proactive", "reactive", "prepared")
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,9 @@ def server_limits() -> tuple[dict[str, Any], list[str]]:
 
 
 def proxy_config(upstream_url: str, port: int, limits: dict[str, Any]) -> dict[str, Any]:
-    return {"server": {"port": port, **limits}, "upstream": {"base_url": f"{upstream_url}/v1"},
+    # The fake upstream closes idle connections after 1 s: the pool lets them go first, as an operator would.
+    return {"server": {"port": port, **limits}, "upstream": {"base_url": f"{upstream_url}/v1",
+                                                             "keepalive_timeout": 0.5},
             "models": {"default": {"context_window": WINDOW}},
             "compaction": {"threshold": 0.8, "target": 0.5, "tail_budget": 0.25},
             "store": STORE, "logging": {"level": "WARNING"}}

@@ -89,6 +89,10 @@ class UpstreamConfig(_Frozen):
     max_connections: int = Field(1000, ge=1)
     # Seconds a request may queue for a free connection when all max_connections are busy (connecting aside).
     pool_timeout: float = Field(5.0, gt=0)
+    # Seconds an idle pooled connection may be reused. Below the upstream's own keep-alive (5 s for vLLM and
+    # SGLang under uvicorn, for llama.cpp's server and for Node): a connection the upstream closes as a POST is
+    # written loses that POST, which is never sent again (it may have been received).
+    keepalive_timeout: float = Field(4.0, gt=0)
     # Ask the upstream for its models' context windows (vLLM, llama.cpp, LiteLLM, OpenRouter say so).
     discover_windows: bool = True
     discovery_ttl_seconds: float = Field(default=3600.0, gt=0)
@@ -191,6 +195,11 @@ class CompactionConfig(_Frozen):
     # Earlier user messages kept verbatim after a compaction (the latest is always kept), newest first.
     instruction_budget: float = Field(0.1, ge=0, lt=1)
     background: bool = True
+    # A summary started in the background once a request passes this share of the threshold (0.75 of 0.8: at 0.6
+    # of the window; of a client's own threshold likewise), kept aside and spliced in when one passes the
+    # threshold: in an agent loop it is ready before it is needed. null: started one turn before the threshold,
+    # so the next request waits for what is left of it.
+    prepare_at: float | None = Field(0.75, gt=0, lt=1)
     # Requests far below every limit (by their byte count, against a stated window) relayed unread: no parsing,
     # fingerprinting or counting, and no point in the journal's chart (compaction.glance).
     glance: bool = True
@@ -208,6 +217,11 @@ class CompactionConfig(_Frozen):
         if self.proactive and self.target >= self.threshold:
             raise ValueError(f"target ({self.target}) must be below threshold ({self.threshold})")
         return self
+
+    @property
+    def prepare_share(self) -> float | None:
+        """Where a summary is prepared, as a share of the threshold's tokens; None: one turn ahead instead."""
+        return self.prepare_at if self.proactive and self.background else None
 
 
 class ModelConfig(_Frozen):

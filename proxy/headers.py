@@ -26,9 +26,11 @@ MODE = "x-compaction-mode"  # a request header: a client's per-request choice
 
 # What compaction did for a request (x-compaction), and what it would have done in shadow mode. "forced": the
 # operator's or the request's mode said to compact whatever the size; "requested": the client asked for a compaction
-# (POST /responses/compact, a compaction trigger); "not-applicable": the request keeps its history upstream (or asks
-# the upstream to manage it), so the proxy cannot shorten it.
-Outcome = Literal["none", "proactive", "reactive", "forced", "requested", "reused", "failed", "not-applicable"]
+# (POST /responses/compact, a compaction trigger); "prepared": a summary made ahead (compaction.prepare_at) spliced in
+# for the first time; "not-applicable": the request keeps its history upstream (or asks the upstream to manage it),
+# so the proxy cannot shorten it.
+Outcome = Literal["none", "proactive", "reactive", "forced", "requested", "prepared", "reused", "failed",
+                  "not-applicable"]
 ShadowDecision = Literal["none", "reused", "proactive", "reactive"]
 OUTCOMES: frozenset[str] = frozenset(get_args(Outcome))
 SHADOW_DECISIONS: frozenset[str] = frozenset(get_args(ShadowDecision))

@@ -76,7 +76,8 @@ class Metrics:
             "compaction_proxy_open_streams", "Streamed answers being relayed right now", registry=self.registry,
             multiprocess_mode="livesum")
         self.reuse_lookups = Counter(
-            "compaction_proxy_reuse_lookups", "Stored-summary lookups, by result (hit or miss)", ["result"],
+            "compaction_proxy_reuse_lookups",
+            "Stored-summary lookups, by result (hit, miss, or prepared: a summary made ahead spliced in)", ["result"],
             registry=self.registry)
         self.overflow_errors = Counter(
             "compaction_proxy_overflow_errors", "Context-overflow answers seen from the upstream, by attempt",

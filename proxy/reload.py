@@ -27,7 +27,7 @@ SETTLE_SECONDS = 0.1
 RESTART_ONLY = {
     "server": ("host", "port", "max_body_bytes", "header_timeout", "keepalive_timeout", "body_timeout",
                "shutdown_grace_seconds", "event_loop"),
-    "upstream": ("max_connections",),
+    "upstream": ("max_connections", "keepalive_timeout"),
     "logging": ("access_log",),
 }
 RESTART_ONLY_SECTIONS = ("store",)

@@ -248,6 +248,23 @@ def test_target_must_be_below_threshold(compaction: dict[str, Any], ok: bool) ->
         assert "compaction: " in message and "must be below threshold" in message
 
 
+@pytest.mark.parametrize(("compaction", "share"), [
+    ({}, 0.75),
+    ({"prepare_at": 0.5}, 0.5),
+    ({"prepare_at": None}, None),                      # one turn ahead instead
+    ({"threshold": 0.5, "target": 0.3}, 0.75),         # a share of the threshold: any threshold takes it
+    ({"background": False}, None),
+    ({"threshold": 0}, None),                          # proactive compaction off: nothing to prepare for
+])
+def test_where_summaries_are_prepared(compaction: dict[str, Any], share: float | None) -> None:
+    assert settings_from_mapping({"compaction": compaction}, env={}).compaction.prepare_share == share
+
+
+@pytest.mark.parametrize("value", [0, 1, 1.5, -0.2, "soon"])
+def test_prepare_at_is_a_share_below_one(value: Any) -> None:
+    assert "compaction.prepare_at" in invalid({"compaction": {"prepare_at": value}})
+
+
 # --- frozen ------------------------------------------------------------------------------------------------
 
 _SETTINGS = settings_from_mapping({"models": {"gpt-4o": {"context_window": 8192}}}, env={})

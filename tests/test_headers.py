@@ -21,7 +21,8 @@ def test_names_and_vocabularies() -> None:
                      "x-compaction-reason",
                      "x-compaction-edits", "x-compaction-mode"]
     assert len(set(NAMES)) == len(NAMES) and all(name == name.lower() for name in NAMES)
-    assert OUTCOMES == {"none", "proactive", "reactive", "forced", "requested", "reused", "failed", "not-applicable"}
+    assert OUTCOMES == {"none", "proactive", "reactive", "forced", "requested", "prepared", "reused", "failed",
+                        "not-applicable"}
     assert SHADOW_DECISIONS == {"none", "reused", "proactive", "reactive"}
     assert COUNTS == {h.TOKENS_BEFORE: "tokens_before", h.TOKENS_AFTER: "tokens_after",
                       h.SHADOW_TOKENS_BEFORE: "shadow_tokens_before", h.SHADOW_TOKENS_AFTER: "shadow_tokens_after",

@@ -12,9 +12,14 @@ TESTS = Path(__file__).resolve().parent
 # own, each with where. Short on purpose: a new module gets its own test file.
 ELSEWHERE = {
     "app": "the composition root: every tests/e2e test starts it",
+    "compaction.ahead": "tests/e2e/test_prepared_e2e.py (prepared, spliced without a wait, one per mark, the "
+                        "fallback) and test_compaction_e2e.py (one turn ahead)",
+    "compaction.answer_headers": "tests/test_names.py (every header documented) and the x-compaction asserts of "
+                                 "tests/e2e",
     "compaction.api_fallback": "tests/e2e/test_responses_over_chat.py and test_messages_over_chat_e2e.py (auto: "
                                "learned from a 404, kept on a missing model, what counts as no route)",
     "compaction.compactor": "tests/e2e/test_compaction_e2e.py, test_backoff_e2e.py, test_hostile_summariser.py",
+    "compaction.job": "the compactor's: its log line's figures in tests/e2e/test_hysteresis_e2e.py",
     "compaction.journey_tokens": "the pipeline's counts: tests/e2e/test_compaction_e2e.py and tests/test_names.py "
                                  "check x-compaction-tokens-before/after, which are these",
     "compaction.journey": "a request's state and the Serving protocol: every tests/e2e test goes through both",

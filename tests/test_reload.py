@@ -198,9 +198,10 @@ async def test_a_stream_and_concurrent_requests_survive_reloads(tmp_path: Path, 
 def test_applicable_keeps_restart_only_values_and_the_withheld_keys() -> None:
     running = settings_from_mapping({"server": {"port": 8080, "api_keys": ["old-key"]}}, env={})
     new = settings_from_mapping({"server": {"port": 9090, "api_keys": ["new-key"], "shutdown_grace_seconds": 5},
-                                 "upstream": {"max_connections": 7, "idle_timeout": 12},
+                                 "upstream": {"max_connections": 7, "idle_timeout": 12, "keepalive_timeout": 1},
                                  "store": {"kind": "sqlite", "path": "/tmp/x.db"}}, env={})
     applied = applicable(new, running)
+    assert applied.upstream.keepalive_timeout == running.upstream.keepalive_timeout  # the pool's, from its start
     assert (applied.server.port, applied.server.shutdown_grace_seconds) == (8080, 30.0)
     assert applied.upstream.max_connections == running.upstream.max_connections
     assert applied.store == running.store
@@ -208,7 +209,7 @@ def test_applicable_keeps_restart_only_values_and_the_withheld_keys() -> None:
     assert applied.upstream.withheld_keys == ("new-key",)  # the live keys are never sent upstream either
     paths = changed_paths(running.model_dump(), new.model_dump())
     assert restart_only(paths) == ["server.port", "server.shutdown_grace_seconds", "store.kind", "store.path",
-                                   "upstream.max_connections"]
+                                   "upstream.keepalive_timeout", "upstream.max_connections"]
     assert "new-key" not in json.dumps(paths)
 
 

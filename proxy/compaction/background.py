@@ -1,10 +1,10 @@
-"""Summaries built in the background after an answer, for the next request: started, watched, cancelled at close."""
+"""Summaries built in the background after an answer, for a later request: started, watched, cancelled at close."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proxy.compaction.compactor import Flight
@@ -29,6 +29,16 @@ class BackgroundSummaries:
         if isinstance(begun, Flight):
             self._tasks.add(begun.task)
             begun.task.add_done_callback(self._done)
+
+    def prepare(self, exists: Callable[[], Awaitable[bool]], begin: Callable[[], object]) -> None:
+        """Start `begin` unless `exists` finds the summary made or being made already (a summary prepared ahead
+        is asked for on every turn past its mark: it is made once)."""
+        async def unless_made() -> None:
+            if not await exists():
+                self.start(begin)
+        task = asyncio.create_task(unless_made())
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
+from proxy.compaction.job import Job
 from proxy.compaction.recorder import Origin, Recorder, failure_event, summary_event
 from proxy.config import Settings
 from proxy.core import budget
@@ -195,20 +196,27 @@ class Compactor:
     def begin(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
               headers: Mapping[str, str], answer_tokens: int | None = None, overhead: int = 0,
               force: bool = False, tools: Any = None, instructions: str | None = None,
-              origin: Origin | None = None) -> Flight | str:
+              origin: Origin | None = None, aside: bool = False) -> Flight | str:
         """Plan and claim the summary now (no await), so a request arriving next finds it in flight.
 
-        `tools` are the request's own, for a prefix-layout summariser request. Returns the flight, or the reason
-        there is none.
+        `tools` are the request's own, for a prefix-layout summariser request; `aside` stores it where only
+        `promote` finds it (a summary prepared ahead). Returns the flight, or the reason there is none.
         """
         plan = self.plan(conversation, limits, model=model, answer_tokens=answer_tokens, overhead=overhead)
         if plan is None:
             return "nothing_to_summarize"
+        if aside and not plan.allotment.attainable:
+            # Made now, it would leave the growth still to come verbatim past the target, and the conversation
+            # would need its next summary sooner: the summary is left to the turn before the threshold.
+            return "not_attainable"
         if not force and not plan.worthwhile(self.filler_tokens(conversation.messages)):
             return "not_smaller"
         prefix_len = conversation.original_index(plan.prefix_len)
         prefix_hash = conversation.chain[prefix_len - 1]
-        if (running := self._flights.running(conversation.namespace, prefix_hash)) is not None:
+        stored_in = prepared_namespace(conversation.namespace) if aside else conversation.namespace
+        if aside and self._flights.running_any(stored_in, conversation.chain):
+            return "in_flight"  # one summary prepared ahead at a time: the next turns would each start one
+        if (running := self._flights.running(stored_in, prefix_hash)) is not None:
             return Flight(running, prefix_len)
         decision = self._backoff.decide(conversation.backoff_key)
         if not decision.allowed:
@@ -216,7 +224,7 @@ class Compactor:
                                  "reason": "backoff", "trigger": trigger,
                                  "failures": decision.level, "skips_left": decision.skipped_left}))
             return "backoff"
-        job = _Job(plan, prefix_hash, prefix_len, conversation.namespace, conversation.backoff_key, limits,
+        job = Job(plan, prefix_hash, prefix_len, conversation.namespace, conversation.backoff_key, limits,
                    model=self._settings.compaction.summarizer.model or model, trigger=trigger, headers=headers,
                    summary_tokens=shrink(plan.summary_tokens, decision.level, MIN_RETRY_SUMMARY_TOKENS),
                    level=decision.level, prefix=self._prefix(conversation, plan, model, tools),
@@ -224,8 +232,42 @@ class Compactor:
                    source=tuple(conversation.original[:prefix_len]), instructions=instructions, origin=origin,
                    force=force)
         # The flight looks for a stored record first, and stores what _summarise returns (fenced, across replicas).
-        return Flight(self._flights.start(conversation.namespace, prefix_hash, lambda: self._summarise(job)),
-                      prefix_len)
+        return Flight(self._flights.start(stored_in, prefix_hash, lambda: self._summarise(job)), prefix_len)
+
+    async def prepared(self, conversation: Conversation) -> bool:
+        """Whether a summary prepared ahead for a prefix of this conversation (past the one spliced in) is being
+        made or is stored, here or on another replica; a broken store says no, and one more is prepared."""
+        if self._flights.running_any(prepared_namespace(conversation.namespace), conversation.chain):
+            return True
+        return await self._prepared_record(conversation) is not None
+
+    async def promote(self, conversation: Conversation) -> Conversation:
+        """The conversation with the summary prepared for it spliced in (awaited when still being made) and stored
+        where every later request, on any replica, finds it; the same conversation when none applies: the request
+        no longer starts with what it summarised, or it summarised no more than what is spliced in already."""
+        await self._flights.wait_for_any(prepared_namespace(conversation.namespace), conversation.chain)
+        record = await self._prepared_record(conversation)
+        if record is None or apply_replacement(conversation.original, record.replacement, record.prefix_len) is None:
+            return conversation
+        try:
+            await self._store.put(conversation.namespace, record)
+        except Exception:  # this request still gets it; the next one promotes it again
+            log.warning("summary store write failed (a prepared summary)", exc_info=True)
+            self._metrics.store_errors.labels("put").inc()
+        self._metrics.reuse_lookups.labels("prepared").inc()
+        return Conversation(conversation.original, conversation.chain, conversation.namespace, record)
+
+    async def _prepared_record(self, conversation: Conversation) -> CompactedPrefix | None:
+        """The longest summary prepared for a prefix of this conversation, past the one spliced in; None when there
+        is none, or the store is broken (serving goes on without it)."""
+        try:
+            record = await self._store.longest_match(prepared_namespace(conversation.namespace), conversation.chain)
+        except Exception:  # a broken store must not break serving
+            log.warning("summary store lookup failed (prepared summaries)", exc_info=True)
+            self._metrics.store_errors.labels("lookup").inc()
+            return None
+        spliced = conversation.record.prefix_len if conversation.record is not None else 0
+        return record if record is not None and record.prefix_len > spliced else None
 
     def _prefix(self, conversation: Conversation, plan: Plan, model: str, tools: Any) -> ConversationPrefix | None:
         """What a prefix-layout request is made of, when the layout calls for one."""
@@ -236,7 +278,7 @@ class Compactor:
         acknowledgement = str(self._fillers[1]["content"])
         return ConversationPrefix(tuple(conversation.messages[:plan.prefix_len]), tools, acknowledgement)
 
-    async def _summarise(self, job: _Job) -> CompactedPrefix:
+    async def _summarise(self, job: Job) -> CompactedPrefix:
         started = time.monotonic()
         try:
             summary, messages, tokens_after = await self._fitting_summary(job)
@@ -250,7 +292,7 @@ class Compactor:
         self._account(job, summary, record, seconds=time.monotonic() - started)
         return record
 
-    async def _fitting_summary(self, job: _Job) -> tuple[Summary, list[Message], int]:
+    async def _fitting_summary(self, job: Job) -> tuple[Summary, list[Message], int]:
         """The summary, the replacement it makes and that replacement's tokens; SummarizerError when none fits."""
         config = self._settings.compaction.summarizer
         whole = budget.whole_summary_tokens(job.limits, job.summary_tokens)
@@ -266,7 +308,7 @@ class Compactor:
         # asked) is fitted in a thread, so no summariser can hold the event loop with it.
         return await off_loop_above(LARGE_REPLY, len(summary.text), self._fitted, job, summary, evidence)
 
-    def _fitted(self, job: _Job, summary: Summary, evidence: Evidence | None) -> tuple[Summary, list[Message], int]:
+    def _fitted(self, job: Job, summary: Summary, evidence: Evidence | None) -> tuple[Summary, list[Message], int]:
         messages, tokens_after = self._replacement(job, summary)
         if evidence is not None and (completed := self._with_evidence(job, summary, evidence,
                                                                       tokens_after)) is not summary:
@@ -298,7 +340,7 @@ class Compactor:
             raise too_long
         return summary, messages, tokens_after
 
-    def _with_evidence(self, job: _Job, summary: Summary, evidence: Evidence, tokens_as_written: int) -> Summary:
+    def _with_evidence(self, job: Job, summary: Summary, evidence: Evidence, tokens_as_written: int) -> Summary:
         """The summary with the user's words, errors, commands and files it left out, read from the client's own
         messages (not the spliced history: a value an earlier summary dropped comes back)."""
         count = self._counter.count_text
@@ -312,7 +354,7 @@ class Compactor:
         unused = min(job.own_tokens(job.plan.room_at_goal(job.upstream_tokens(tokens_as_written))), spare)
         return with_evidence(summary, evidence, room, count, self._templates, exact_room=unused - room)
 
-    def _replacement(self, job: _Job, summary: Summary) -> tuple[list[Message], int]:
+    def _replacement(self, job: Job, summary: Summary) -> tuple[list[Message], int]:
         continuation, acknowledgement = self._fillers
         # The reply is valid text already; the evidence quotes the client's own messages, which may not be. The
         # message goes with the user's role: its closing note says the tool output quoted in it is data.
@@ -326,7 +368,7 @@ class Compactor:
         for kind in ("prompt_tokens", "completion_tokens"):
             metrics.summarizer_tokens.labels(kind.removesuffix("_tokens")).inc(int(usage.get(kind, 0)))
 
-    def _account(self, job: _Job, summary: Summary, record: CompactedPrefix, *, seconds: float) -> None:
+    def _account(self, job: Job, summary: Summary, record: CompactedPrefix, *, seconds: float) -> None:
         self._metrics.compactions.labels(job.trigger).inc()
         self._metrics.compaction_seconds.observe(seconds)
         self._metrics.compaction_tokens.labels("before").observe(record.tokens_before)
@@ -345,7 +387,7 @@ class Compactor:
                 origin, namespace=job.namespace, trigger=job.trigger, limits=job.limits, plan=job.plan,
                 record=record, source=job.source, summary=summary, ratio=job.ratio, seconds=seconds)))
 
-    def _account_failure(self, job: _Job, error: Exception, seconds: float) -> None:
+    def _account_failure(self, job: Job, error: Exception, seconds: float) -> None:
         calls, usage = (error.calls, error.usage) if isinstance(error, SummarizerError) else (0, {})
         self._metrics.compaction_failures.labels(job.trigger, type(error).__name__).inc()
         self._metrics.compaction_seconds.observe(seconds)
@@ -361,53 +403,6 @@ class Compactor:
                 error=error, calls=calls, usage=dict(usage), seconds=seconds)))
 
 
-@dataclass(frozen=True)
-class _Job:
-    """One summary to build, with the numbers it was planned with (they go into its log line)."""
-
-    plan: Plan
-    prefix_hash: str
-    prefix_len: int
-    namespace: str
-    backoff_key: str
-    limits: Limits
-    model: str
-    trigger: str
-    headers: Mapping[str, str]
-    summary_tokens: int
-    level: int
-    prefix: ConversationPrefix | None = None
-    source: tuple[Message, ...] = ()  # the client's messages the summary stands in for
-    ratio: float = 1.0  # the upstream's tokens per token of ours (the calibration), as the plan was counted with
-    instructions: str | None = None  # the client's own for its summary (Anthropic's compaction `instructions`)
-    origin: Origin | None = None  # the request it is made for, as the journal names it
-    force: bool = False  # asked for whatever the size (mode force, a client's request): applied even if longer
-
-    def upstream_tokens(self, tokens: int) -> int:
-        """`tokens` of our own count in the upstream's, the unit of the window and of the plan."""
-        return math.ceil(tokens * self.ratio)
-
-    def own_tokens(self, upstream_tokens: int) -> int:
-        return math.floor(upstream_tokens / self.ratio)
-
-    @property
-    def own_ask(self) -> int:
-        """The summary's ask in our own count, the unit of the summary's text (the plan's is the upstream's)."""
-        return self.own_tokens(self.summary_tokens)
-
-    def room_beside_tail(self, replacement_tokens: int) -> int:
-        """The window's room (the upstream's tokens) once a replacement of `replacement_tokens` (our count) and the
-        recent turns are in, with the reserved output and the margin; below 0 the retry would overflow."""
-        return budget.window_room(self.limits, self.upstream_tokens(replacement_tokens) + self.plan.tail_tokens)
-
-    def log_fields(self) -> dict[str, Any]:
-        limits = self.limits
-        return {"request_id": current_request_id(), "trigger": self.trigger, "summarizer_model": self.model,
-                "window": limits.window,
-                "threshold": limits.threshold, "target": limits.target, "reserved_output": limits.reserve,
-                "trigger_tokens": limits.trigger_tokens, "target_tokens": limits.target_tokens,
-                "summarized_messages": len(self.plan.to_summarise), "summary_tokens_requested": self.summary_tokens,
-                "backoff_level": self.level, "window_margin": budget.window_margin(limits.window),
-                "attainable": self.plan.allotment.attainable,
-                **({"not_attainable_because": why} if (why := self.plan.allotment.why_not_attainable()) else {}),
-                **self.plan.as_log()}
+def prepared_namespace(namespace: str) -> str:
+    """Where summaries prepared ahead are kept: beside the namespace's own, never found by `reuse`."""
+    return f"{namespace}.prepared"

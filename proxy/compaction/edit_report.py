@@ -26,7 +26,7 @@ def compaction_outcome(trigger: str, failed: bool) -> str:
         return "failed"
     if trigger == "off":
         return "off"
-    return "applied" if trigger in ("proactive", "reactive", "forced", "requested") else \
+    return "applied" if trigger in ("proactive", "reactive", "forced", "requested", "prepared") else \
         "reused" if trigger == "reused" else "not_triggered"
 
 

@@ -12,8 +12,9 @@ from typing import Any, Generic
 
 from multidict import CIMultiDict
 
-from proxy.compaction import edit_report, glance
-from proxy.compaction.background import BackgroundSummaries
+from proxy.compaction import glance
+from proxy.compaction.ahead import Ahead
+from proxy.compaction.answer_headers import AnswerHeaders
 from proxy.compaction.compactor import Compactor, Conversation
 from proxy.compaction.journey import C, Journey
 from proxy.compaction.journey_tokens import JourneyTokens
@@ -25,7 +26,6 @@ from proxy.core.budget import Limits
 from proxy.core.calibration import Calibration
 from proxy.core.elision import elide_oversized
 from proxy.core.history_index import HistoryIndex
-from proxy.core.plan import last_input_tokens
 from proxy.core.tenants import namespace_for
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage
@@ -33,17 +33,10 @@ from proxy.core.view import View
 from proxy.dialects.dialect import Dialect
 from proxy.errors import ProxyError
 from proxy.headers import (
-    CLEARED,
-    CLEARED_TOKENS,
     COMPACTION,
-    ELIDED,
-    PAIR_SUMMARIES,
-    REASON,
     SHADOW,
     SHADOW_TOKENS_AFTER,
     SHADOW_TOKENS_BEFORE,
-    TOKENS_AFTER,
-    TOKENS_BEFORE,
 )
 from proxy.metrics import Metrics
 from proxy.request_context import annotate, current_request_id
@@ -76,9 +69,10 @@ class Pipeline(Generic[C]):
         self._windows = windows
         self._metrics = metrics
         self._history = history or HistoryIndex(counter)
-        self._background = BackgroundSummaries()
         self._recorder = recorder or Recorder(None)
         self._tokens = JourneyTokens(counter, calibration, self._stages)
+        self._ahead = Ahead(settings, dialect, compactor, self._stages, self._tokens)
+        self._answer_headers = AnswerHeaders(settings, dialect, metrics, self._recorder, self._tokens)
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> C:
         """The client's request as its dialect reads it (BadRequest when it cannot)."""
@@ -117,12 +111,12 @@ class Pipeline(Generic[C]):
         """A glanced request the upstream found too long after all (its window was not what was stated)."""
         call, view = self._edited(call)
         if view is None:
-            return self._finish(call, attempt, self._untouched(call, attempt), hide_usage=False)
+            return self._finish(call, attempt, self._answer_headers.untouched(call, attempt), hide_usage=False)
         self._metrics.overflow_errors.labels("first").inc()
         journey = await self._begin(call, view)
         await self._stages.shape(journey)
         attempt = await self._react(journey, attempt, stack)
-        return self._finish(call, attempt, self._headers(journey), hide_usage=self._inject_usage(call),
+        return self._finish(call, attempt, self._answer_headers.of(journey), hide_usage=self._inject_usage(call),
                             journey=journey)
 
     @asynccontextmanager
@@ -132,23 +126,12 @@ class Pipeline(Generic[C]):
             call, view = self._edited(call)
             if view is None:
                 attempt = await self._forward(call, stack, call.body)
-                yield self._finish(call, attempt, self._untouched(call, attempt), hide_usage=False)
+                yield self._finish(call, attempt, self._answer_headers.untouched(call, attempt), hide_usage=False)
                 return
             if self._mode(call) == "shadow":
                 yield await self._shadow(call, view, stack)
                 return
             yield await self._journey(call, view, stack)
-
-    def _untouched(self, call: C, attempt: Attempt) -> dict[str, str]:
-        """The headers of a request forwarded as it came; one the proxy could not help says why."""
-        reason = self._dialect.left_alone(call) if self._settings.compaction.enabled else None
-        if reason is None:
-            return {COMPACTION: "none", **self._edits_told(call, "off", failed=False)}
-        if attempt.overflow:
-            self._metrics.overflow_errors.labels("first").inc()
-            log.warning(json.dumps({"event": "compaction_not_applicable", "request_id": current_request_id(),
-                                    "reason": reason, "route": self._dialect.name}))
-        return {COMPACTION: "not-applicable", REASON: reason}
 
     async def compacted(self, call: C) -> Journey[C] | None:
         """The request's conversation compacted now, as the journey would, whatever its size (a client asking for
@@ -167,7 +150,7 @@ class Pipeline(Generic[C]):
         conversation = journey.conversation
         body, content_type = self._dialect.compaction_answer(journey.call, journey.view, conversation.messages,
                                                              conversation.synthetic, self.summary_usage(journey))
-        headers = CIMultiDict({"Content-Type": content_type, **self._headers(journey)})
+        headers = CIMultiDict({"Content-Type": content_type, **self._answer_headers.of(journey)})
         return Answer(200, headers, body=body)
 
     def edited(self, call: C) -> C:
@@ -199,7 +182,7 @@ class Pipeline(Generic[C]):
         return call.mode or self._settings.compaction.mode
 
     async def close(self) -> None:
-        await self._background.close()
+        await self._ahead.close()
 
     def _history_of(self, call: C) -> View | None:
         """The history the journey may compact, or None: compaction off, or the request not compactable."""
@@ -248,7 +231,10 @@ class Pipeline(Generic[C]):
         forced = self._mode(call) == "force"
         if forced or budget.over_threshold(journey.limits, self._tokens.estimate(journey)):
             compacting = time.perf_counter()
-            await self._compact(journey, "forced" if forced else "proactive")
+            if not forced:
+                await self._ahead.splice(journey)
+            if forced or budget.over_threshold(journey.limits, self._tokens.estimate(journey)):
+                await self._compact(journey, "forced" if forced else "proactive")
             summarising = time.perf_counter() - compacting
             if call.pauses_after_compaction and journey.conversation.record is not None:
                 return self.compaction_answer(journey)  # the client asked to stop there: nothing is sampled
@@ -260,7 +246,7 @@ class Pipeline(Generic[C]):
         near = attempt.empty_stream and budget.near_window(journey.limits, self._tokens.estimate(journey))
         if attempt.overflow or near:
             attempt = await self._react(journey, attempt, stack)
-        return self._finish(call, attempt, self._headers(journey), hide_usage=self._inject_usage(call),
+        return self._finish(call, attempt, self._answer_headers.of(journey), hide_usage=self._inject_usage(call),
                             journey=journey)
 
     async def _shadow(self, call: C, view: View, stack: AsyncExitStack) -> Answer:
@@ -369,42 +355,6 @@ class Pipeline(Generic[C]):
             body = self._dialect.forwarded(call, journey.view, self._tokens.messages(journey), ask_usage=inject_usage)
         return await self._forward(call, stack, body)
 
-    def _headers(self, journey: Journey[C]) -> dict[str, str]:
-        headers = {COMPACTION: "failed" if journey.failed else journey.trigger,
-                   **self._edits_told(journey.call, journey.trigger, failed=journey.failed)}
-        if journey.conversation.record is not None or journey.elided:
-            headers[TOKENS_BEFORE] = str(journey.tokens_before or self._tokens.original(journey))
-            headers[TOKENS_AFTER] = str(self._tokens.estimate(journey))
-        if journey.elided:
-            headers[ELIDED] = str(journey.elided)
-        if journey.cleared and journey.cleared.results:  # (told once per answer, so counted here)
-            headers[CLEARED], headers[CLEARED_TOKENS] = str(journey.cleared.results), str(journey.cleared.freed)
-            self._metrics.tool_result_tokens_freed.labels("cleared").inc(journey.cleared.freed)
-        if journey.swapped:
-            headers[PAIR_SUMMARIES] = str(journey.swapped.applied)
-        if journey.reason is not None:
-            headers[REASON] = journey.reason
-        self._journal(journey, headers)
-        return headers
-
-    def _journal(self, journey: Journey[C], headers: dict[str, str]) -> None:
-        """The request in the journal, and x-compaction-id on its answer (see Recorder.request)."""
-        if (origin := journey.origin) is None:
-            return
-        record, freed = journey.conversation.record, journey.cleared.freed if journey.cleared else 0
-        summary = (journey.conversation.namespace, record.prefix_hash) if record is not None else None
-        self._recorder.safely("journal_request", lambda: self._recorder.request(
-            origin, headers, summary=summary, limits=journey.limits, freed=freed,
-            tokens_before=journey.tokens_before or self._tokens.original(journey),
-            tokens_after=self._tokens.estimate(journey)))
-
-    def _edits_told(self, call: C, trigger: str, *, failed: bool) -> dict[str, str]:
-        """What the client's context edits did (`trigger` "off": the proxy may not compact this request)."""
-        outcomes = dict(call.edit_outcomes)
-        if call.compact_threshold is not None or call.compaction_requested:
-            outcomes[edit_report.COMPACTION] = edit_report.compaction_outcome(trigger, failed)
-        return edit_report.report_edits(outcomes, self._dialect.name, self._metrics)
-
     def _finish(self, call: C, attempt: Attempt, headers: dict[str, str], *, hide_usage: bool,
                 journey: Journey[C] | None = None) -> Answer:
         if self._count is not None:
@@ -432,25 +382,9 @@ class Pipeline(Generic[C]):
                                        failed=journey.failed)
 
     def _learn(self, journey: Journey[C], usage: Usage | None) -> None:
-        """After a good answer: calibrate the estimate, and start the next summary early if usage is high."""
+        """After a good answer: calibrate the estimate, and start the next summary ahead if usage is high."""
         if usage is None or not usage.input_tokens:
             return
-        prompt_tokens = usage.input_tokens
-        self._calibration.observe(journey.call.model, self._tokens.raw_estimate(journey), prompt_tokens)
-        answer = usage.output_tokens or 0
-        next_input = last_input_tokens(self._tokens.messages(journey), self._tokens.message_tokens(journey))
-        # The next turn resends this prompt and answer plus one more input: if that will pass the threshold,
-        # build its summary now so the next request finds it ready.
-        growth = budget.next_turn_growth(next_input, answer)
-        if self._settings.compaction.background and budget.over_threshold(journey.limits, prompt_tokens + growth) \
-                and not self._stages.clearing_would_do(journey, growth):
-            self._start_background(journey, answer)
+        self._calibration.observe(journey.call.model, self._tokens.raw_estimate(journey), usage.input_tokens)
+        self._ahead.after_answer(journey, usage.input_tokens, usage.output_tokens or 0)
         self._stages.after_answer(journey, journey.call.headers)
-
-    def _start_background(self, journey: Journey[C], answer_tokens: int) -> None:
-        self._background.start(lambda: self._compactor.begin(
-            journey.conversation, journey.limits, model=journey.call.model, trigger="background",
-            headers=journey.call.headers, answer_tokens=answer_tokens, overhead=self._tokens.overhead(journey),
-            tools=self._dialect.tools(journey.call), instructions=journey.call.summary_instructions,
-            origin=journey.origin))
-

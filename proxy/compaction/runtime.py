@@ -62,6 +62,9 @@ class TrackedFlights:
     async def wait_for_any(self, namespace: str, chain: Sequence[str]) -> bool:
         return await self._inner.wait_for_any(namespace, chain)
 
+    def running_any(self, namespace: str, chain: Sequence[str]) -> bool:
+        return self._inner.running_any(namespace, chain)
+
     async def cancel_all(self) -> None:
         for task in list(self._tasks):
             task.cancel()

@@ -81,6 +81,16 @@ def over_threshold(limits: Limits, prompt_tokens: int) -> bool:
     return limits.proactive and prompt_tokens + limits.reserve > limits.trigger_tokens
 
 
+def past_share(limits: Limits, prompt_tokens: int, share: float) -> bool:
+    """Whether a request passes `share` of its threshold's tokens (where a summary is prepared ahead)."""
+    return limits.proactive and prompt_tokens + limits.reserve > math.floor(share * limits.trigger_tokens)
+
+
+def lead_tokens(limits: Limits, prompt_tokens: int) -> int:
+    """How far a request of `prompt_tokens` is below its threshold: the growth a summary prepared now will meet."""
+    return max(0, limits.trigger_tokens - limits.reserve - prompt_tokens)
+
+
 def clearing_room(limits: Limits, share: float, *, before_compaction: bool = True) -> int:
     """The prompt tokens a request may take before old tool results are cleared (stage 1, before any summary):
     `share` of the window with the reserved output beside it, or (`before_compaction`) the compaction trigger if

@@ -7,7 +7,7 @@
   const STORED_TENANT = "compaction-proxy.tenant";
   const REFRESH_MS = 5000;
   // A request's x-compaction outcomes that built (or applied) a new summary; "reused" and "none" did not.
-  const COMPACTING = new Set(["proactive", "reactive", "forced", "requested"]);
+  const COMPACTING = new Set(["proactive", "reactive", "forced", "requested", "prepared"]);
   const SVG = "http://www.w3.org/2000/svg";
   const KINDS = { summary: "Summary", clearing: "Tool results cleared", pair_summaries: "Tool rounds summarised",
     shadow: "Shadow decision (not applied)" };

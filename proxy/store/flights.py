@@ -163,6 +163,10 @@ class Flights(Protocol):
         """Wait for the longest prefix of `chain` being built (here or elsewhere); True if there was one."""
         ...
 
+    def running_any(self, namespace: str, chain: Sequence[str]) -> bool:
+        """Whether this process is building a summary of any prefix of `chain` (no await)."""
+        ...
+
 
 def _key(namespace: str, prefix_hash: str) -> str:
     return f"{namespace}:{prefix_hash}"
@@ -222,6 +226,9 @@ class LocalFlights:
             return False
         return await self._flights.wait_for_any([_key(namespace, prefix) for prefix in reversed(chain)])
 
+    def running_any(self, namespace: str, chain: Sequence[str]) -> bool:
+        return bool(self._flights) and any(self._flights.in_flight(_key(namespace, prefix)) for prefix in chain)
+
 
 class RedisFlights:
     """Single-flight across replicas: a local single-flight whose one call per key holds the store's lease.
@@ -246,6 +253,9 @@ class RedisFlights:
 
     def start(self, namespace: str, prefix_hash: str, build: Build) -> asyncio.Task[CompactedPrefix]:
         return self._flights.start(_key(namespace, prefix_hash), lambda: self._across(namespace, prefix_hash, build))
+
+    def running_any(self, namespace: str, chain: Sequence[str]) -> bool:
+        return bool(self._flights) and any(self._flights.in_flight(_key(namespace, prefix)) for prefix in chain)
 
     async def wait_for_any(self, namespace: str, chain: Sequence[str]) -> bool:
         if self._flights and await self._flights.wait_for_any([_key(namespace, prefix) for prefix in reversed(chain)]):

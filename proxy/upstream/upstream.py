@@ -249,7 +249,7 @@ async def _bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
 
 def create_session(config: UpstreamConfig) -> aiohttp.ClientSession:
     connector = ReuseCheckingConnector(limit=config.max_connections, limit_per_host=config.max_connections,
-                                       ttl_dns_cache=300)
+                                       ttl_dns_cache=300, keepalive_timeout=config.keepalive_timeout)
     return aiohttp.ClientSession(connector=connector, auto_decompress=True, trust_env=False,
                                  cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=("User-Agent",),
                                  response_class=UpstreamResponse)

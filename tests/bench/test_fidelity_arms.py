@@ -45,6 +45,19 @@ def test_control_probes_are_reused_only_at_the_same_points(tmp_path: Path, arm: 
     assert earlier.reusable(2, cycle, arm, point, {**points, cycle: point}) == [], "another seed"
 
 
+def test_merged_runs_of_one_replicate_each_keep_their_seeds_apart(tmp_path: Path) -> None:
+    """Each run numbers its replicates from 1: merged (bench.fidelity_merge), a probe's seed is its replicate's."""
+    def run(seed: int, value: str) -> dict[str, Any]:
+        return {"seed": seed, "summaries": [{"cycle": 1, "point": 40}],
+                "probes": [{"arm": "full", "replicate": 1, "cycle": 1, "key": "port", "value": value}]}
+    path = tmp_path / "merged.json"
+    path.write_text(json.dumps({"header": {"model": "qwen-1.5b", "window": 3072, "cycles": 3},
+                                "replicates": [run(1, "21462"), run(2, "40417")]}))
+    earlier = EarlierControls.load(path, "qwen-1.5b", 3072, 3)
+    assert [probe["value"] for probe in earlier.reusable(1, 1, "full", 40, {1: 40})] == ["21462"]
+    assert [probe["value"] for probe in earlier.reusable(2, 1, "full", 40, {1: 40})] == ["40417"]
+
+
 def test_the_proxy_arm_is_never_reused(tmp_path: Path) -> None:
     earlier = EarlierControls.load(earlier_run(tmp_path), "qwen-1.5b", 3072, 3)
     assert earlier.reusable(1, 1, "proxy", 40, {1: 40}) == []

@@ -58,3 +58,42 @@ async def test_close_cancels_what_still_runs() -> None:
     await background.close()
     assert running.cancelled()
     await background.close()  # twice is harmless
+
+
+@pytest.mark.parametrize(("made", "started"), [(True, 0), (False, 1)])
+async def test_a_summary_prepared_ahead_is_begun_only_when_none_is_made(made: bool, started: int) -> None:
+    background = BackgroundSummaries()
+    begun: list[int] = []
+
+    async def exists() -> bool:
+        await asyncio.sleep(0)  # the store is asked across an await
+        return made
+
+    background.prepare(exists, lambda: begun.append(1))
+    await asyncio.sleep(0.01)
+    assert len(begun) == started and background._tasks == set()
+
+
+async def test_a_broken_check_is_logged_and_begins_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    background = BackgroundSummaries()
+
+    async def exists() -> bool:
+        raise ConnectionError("store down")
+
+    background.prepare(exists, lambda: pytest.fail("begun after a failed check"))
+    await asyncio.sleep(0.01)
+    assert [record.getMessage() for record in caplog.records] == ["background summary failed: store down"]
+
+
+async def test_close_cancels_a_preparation_waiting_on_its_check() -> None:
+    background = BackgroundSummaries()
+    waiting = asyncio.Event()
+
+    async def exists() -> bool:
+        await waiting.wait()
+        return False
+
+    background.prepare(exists, lambda: pytest.fail("begun after close"))
+    await asyncio.sleep(0)
+    await background.close()
+    assert background._tasks == set() or all(task.done() for task in background._tasks)

@@ -13,6 +13,7 @@ from proxy.metrics import Metrics
 
 @pytest.mark.parametrize(("trigger", "failed", "outcome"), [
     ("proactive", False, "applied"), ("reactive", False, "applied"), ("requested", False, "applied"),
+    ("prepared", False, "applied"),
     ("reused", False, "reused"), ("none", False, "not_triggered"), ("off", False, "off"),
     ("proactive", True, "failed"), ("none", True, "failed")])
 def test_what_became_of_an_asked_compaction(trigger: str, failed: bool, outcome: str) -> None:

@@ -33,9 +33,26 @@ def test_trigger(window: int, reserve: int, prompt: int, over: bool) -> None:
     assert budget.over_threshold(limits(window, reserve), prompt) is over
 
 
+@pytest.mark.parametrize(
+    ("window", "reserve", "prompt", "share", "past", "lead"),
+    [
+        (4000, 1024, 1376, 0.75, False, 800),   # 1376 + 1024 = 2400 = 0.75 x 3200: at the mark, not past it
+        (4000, 1024, 1377, 0.75, True, 799),
+        (4000, 1024, 2500, 0.75, True, 0),      # past the threshold itself: nothing left to grow
+        (128000, 0, 76801, 0.75, True, 25599),  # 0.6 of the window
+        (128000, 0, 76800, 0.75, False, 25600),
+    ],
+)
+def test_the_mark_a_summary_is_prepared_at(window: int, reserve: int, prompt: int, share: float, past: bool,
+                                           lead: int) -> None:
+    assert budget.past_share(limits(window, reserve), prompt, share) is past
+    assert budget.lead_tokens(limits(window, reserve), prompt) == lead
+
+
 @pytest.mark.parametrize("threshold", [0.0, 1.0, 1.5])
 def test_no_proactive_trigger_when_threshold_is_off(threshold: float) -> None:
     assert not budget.over_threshold(limits(4000, threshold=threshold, target=0.5), 10**9)
+    assert not budget.past_share(limits(4000, threshold=threshold, target=0.5), 10**9, 0.75)
 
 
 @pytest.mark.parametrize(

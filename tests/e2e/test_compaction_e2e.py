@@ -219,7 +219,9 @@ async def test_sqlite_store_reuses_a_summary_after_restart(model: WindowedModel,
 
 async def test_background_summary_is_ready_before_the_next_turn(model: WindowedModel,
                                                                 make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy(compaction_config())
+    """Without a mark to prepare at, the summary is started one turn before the threshold (summaries prepared
+    ahead, the default, are tests/e2e/test_prepared_e2e.py's)."""
+    proxy = await make_proxy(compaction_config(prepare_at=None))
     client = async_client(proxy.url)
     history = [SYSTEM]
     for turn in range(40):

@@ -45,9 +45,11 @@ async def test_forty_turns_at_a_3000_token_window_with_the_default_reserve(
 async def test_after_every_compaction_the_next_request_fits_the_target(
         model: WindowedModel, make_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture) -> None:
     """With a reserve the target can hold, every summary is planned so the request that uses it, and the one
-    after it, fit target x window including the reserve."""
+    after it, fit target x window including the reserve. (A summary prepared ahead is planned for the growth
+    predicted turns before it is used: see the next test.)"""
     reserve = 256
-    proxy = await make_proxy({"models": {"default": {"context_window": WINDOW}}})
+    proxy = await make_proxy({"models": {"default": {"context_window": WINDOW}},
+                              "compaction": {"prepare_at": None}})
     with caplog.at_level(logging.INFO, logger="proxy.compaction"):
         result = await run_script(async_client(proxy.url), TURNS, max_tokens=reserve)
     lines = compaction_lines(caplog)
@@ -69,6 +71,21 @@ async def test_after_every_compaction_the_next_request_fits_the_target(
                 assert prompt + reserve <= target, (index, following, prompt)
                 checked += 1
     assert checked >= len(lines)
+
+
+async def test_a_prepared_summary_leaves_the_request_that_uses_it_under_the_threshold(
+        model: WindowedModel, make_proxy: ProxyFactory) -> None:
+    """Planned turns before it is used, for the growth predicted then, a prepared summary may leave the request
+    that splices it in a little past the target; never past the threshold, so it is not compacted again at once."""
+    reserve = 256
+    proxy = await make_proxy({"models": {"default": {"context_window": WINDOW}}})
+    result = await run_script(async_client(proxy.url), TURNS, max_tokens=reserve)
+    prepared = [index for index, outcome in enumerate(result.headers) if outcome == "prepared"]
+    assert prepared and "failed" not in result.headers
+    for index in prepared:
+        assert model.chat_calls[index].prompt_tokens + reserve <= 0.8 * WINDOW
+        assert result.headers[index + 1] == "reused"
+    assert len(model.summarizer_calls) <= TURNS // 4
 
 
 def summary_of(messages: list[dict[str, Any]]) -> str | None:

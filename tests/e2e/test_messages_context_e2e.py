@@ -114,9 +114,11 @@ async def test_the_compaction_edit_announces_a_block_that_stands_for_the_convers
         message, headers = turns[index]
         block = message["content"][0]
         assert block["content"] and block["encrypted_content"].startswith("cpx2.")
-        # Compacted now, or from a summary built in the background after the turn before.
+        # Compacted now, from a summary prepared ahead, or from a summary built in the background after the turn
+        # before.
         assert (headers["x-compaction"], headers["x-compaction-edits"]) in (
-            ("proactive", "compaction=applied"), ("reactive", "compaction=applied"), ("reused", "compaction=reused"))
+            ("proactive", "compaction=applied"), ("reactive", "compaction=applied"),
+            ("prepared", "compaction=applied"), ("reused", "compaction=reused"))
     # The client resends every message it kept; the proxy starts from the latest block, so what reaches the model
     # stays small however long the client's list grows.
     assert max(model.prompts) + MAX_TOKENS <= WINDOW
@@ -139,8 +141,11 @@ async def test_pause_after_compaction_answers_the_block_alone_and_the_next_reque
         message, headers = turns[index]
         assert [block["type"] for block in message["content"]] == ["compaction"]
         assert message["content"][0]["content"] and message["context_management"] == {"applied_edits": []}
-        assert headers["x-compaction"] == "proactive"
-        assert turns[index + 1][0]["stop_reason"] == "tool_use"  # sent again as it was, the turn goes on
+        assert headers["x-compaction"] in ("proactive", "prepared")  # made now, or ahead and spliced in now
+    assert paused[0] + 1 < len(turns)
+    for index in paused:
+        if index + 1 < len(turns):
+            assert turns[index + 1][0]["stop_reason"] == "tool_use"  # sent again as it was, the turn goes on
     assert len(model.received) == 16 - len(paused)  # nothing was sampled for a paused turn
 
 

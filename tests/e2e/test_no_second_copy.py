@@ -197,6 +197,23 @@ async def test_a_get_on_a_closed_pooled_connection_is_still_retried(make_proxy: 
                     assert (response.status, await response.read()) == (200, OK_BODY)
 
 
+@pytest.mark.parametrize(("pause", "connections"), [(0.05, [0, 0]), (0.6, [0, 1])], ids=["reused", "let-go"])
+async def test_an_idle_connection_is_let_go_before_the_upstream_closes_it(pause: float, connections: list[int],
+                                                                           make_proxy: ProxyFactory) -> None:
+    """Past upstream.keepalive_timeout a pooled connection is not reused: an upstream that closes idle connections
+    a little later (uvicorn's 5 s against the default 4) never closes one under a POST being written."""
+    with raw_upstream(lambda connection, request_index, request_body: "answer") as server:
+        config = upstream_config(server)
+        config["upstream"] = {**config["upstream"], "keepalive_timeout": 0.3}  # type: ignore[dict-item]
+        proxy = await make_proxy(config)
+        async with aiohttp.ClientSession() as session:
+            for index in range(2):
+                body = json.dumps({**CHAT, "user": f"idle-{index}"}).encode()
+                assert (await post(session, f"{proxy.url}/v1/chat/completions", body))[0] == 200
+                await asyncio.sleep(pause)
+        assert [request.connection for request in server.received] == connections
+
+
 async def test_no_pooled_reuse_after_an_empty_stream(make_proxy: ProxyFactory) -> None:
     """llama.cpp's python server reports an over-long prompt as an empty 200 stream and closes the connection
     moments later: the POST that follows at once (the summariser's, in real life) must not be lost on it."""

@@ -86,6 +86,19 @@ async def test_local_flights_wait_for_the_longest_prefix_in_flight() -> None:
     assert await flights.wait_for_any(TENANT, CHAIN) is True and task.done()
 
 
+async def test_local_flights_say_whether_any_prefix_is_being_built_without_waiting() -> None:
+    flights, build = LocalFlights(MemoryStore(max_entries=10, ttl_seconds=TTL)), Builder(gate=asyncio.Event())
+    assert flights.running_any(TENANT, CHAIN) is False
+    task = flights.start(TENANT, KEY, build)
+    assert flights.running_any(TENANT, CHAIN) is True
+    assert flights.running_any(TENANT, CHAIN[:CHAIN.index(KEY)]) is False  # a shorter chain: not its prefix
+    assert flights.running_any("another-tenant", CHAIN) is False
+    assert build.gate is not None
+    build.gate.set()
+    await task
+    assert flights.running_any(TENANT, CHAIN) is False
+
+
 @pytest.mark.parametrize("broken", ["get", "put"])
 async def test_local_flights_survive_a_broken_store(broken: str) -> None:
     errors = Errors()

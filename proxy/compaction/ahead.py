@@ -1,0 +1,81 @@
+"""Summaries made before the request that needs them: prepared past compaction.prepare_at and kept aside until a
+request passes the threshold, or (without a mark) started one turn before it."""
+
+from __future__ import annotations
+
+from typing import Generic
+
+from proxy.compaction.background import BackgroundSummaries
+from proxy.compaction.compactor import Compactor
+from proxy.compaction.journey import C, Journey
+from proxy.compaction.journey_tokens import JourneyTokens
+from proxy.compaction.tool_stages import ToolStages
+from proxy.config import Settings
+from proxy.core import budget
+from proxy.core.plan import last_input_tokens
+from proxy.dialects.dialect import Dialect
+
+
+class Ahead(Generic[C]):
+    """One pipeline's summaries ahead: what an answer's usage starts, and the splice at the threshold."""
+
+    def __init__(self, settings: Settings, dialect: Dialect[C], compactor: Compactor, stages: ToolStages,
+                 tokens: JourneyTokens) -> None:
+        self._settings = settings
+        self._dialect = dialect
+        self._compactor = compactor
+        self._stages = stages
+        self._tokens = tokens
+        self._background = BackgroundSummaries()
+
+    def after_answer(self, journey: Journey[C], prompt_tokens: int, answer_tokens: int) -> None:
+        """The next turn resends this prompt and answer plus one more input: past the mark (compaction.prepare_at),
+        its summary is prepared once and kept aside; without a mark, it is started when that turn will pass the
+        threshold, and the next request waits for what is left of it."""
+        compaction = self._settings.compaction
+        if not compaction.background:
+            return
+        next_input = last_input_tokens(self._tokens.messages(journey), self._tokens.message_tokens(journey))
+        growth = budget.next_turn_growth(next_input, answer_tokens)
+        limits, tokens = journey.limits, prompt_tokens + growth
+        if budget.over_threshold(limits, tokens):
+            if self._stages.clearing_would_do(journey, growth):
+                return
+            # The next turn passes the threshold: its summary now, unless one was prepared (its request splices
+            # that in, or this one, should the window leave no room to prepare it).
+            if compaction.prepare_share is None:
+                self._background.start(lambda: self._begin(journey, answer_tokens, aside=False))
+            else:
+                self._background.prepare(lambda: self._compactor.prepared(journey.conversation),
+                                         lambda: self._begin(journey, answer_tokens, aside=False))
+            return
+        share, lead = compaction.prepare_share, budget.lead_tokens(limits, tokens)
+        if share is not None and budget.past_share(limits, tokens, share) and \
+                not self._stages.clearing_would_do(journey, growth + lead):
+            # Planned for the growth it will meet before it is needed: up to the threshold (`lead`), and the turn
+            # that passes it (the request that splices it in is past the threshold by up to a turn). When that
+            # leaves no room, it is not made (Compactor.begin), and the turn before the threshold makes it as above.
+            self._background.prepare(lambda: self._compactor.prepared(journey.conversation),
+                                     lambda: self._begin(journey, answer_tokens + lead + growth, aside=True))
+
+    async def splice(self, journey: Journey[C]) -> None:
+        """The summary prepared for this conversation spliced in, if one applies (`x-compaction: prepared`)."""
+        if self._settings.compaction.prepare_share is None:
+            return
+        if not journey.tokens_before:
+            journey.tokens_before = self._tokens.original(journey)
+        promoted = await self._compactor.promote(journey.conversation)
+        if promoted is not journey.conversation:
+            journey.conversation, journey.trigger = promoted, "prepared"
+            await self._stages.shape(journey)
+
+    def _begin(self, journey: Journey[C], answer_tokens: int, *, aside: bool) -> object:
+        call = journey.call
+        return self._compactor.begin(
+            journey.conversation, journey.limits, model=call.model, trigger="prepared" if aside else "background",
+            headers=call.headers, answer_tokens=answer_tokens, overhead=self._tokens.overhead(journey),
+            tools=self._dialect.tools(call), instructions=call.summary_instructions, origin=journey.origin,
+            aside=aside)
+
+    async def close(self) -> None:
+        await self._background.close()
