@@ -49,12 +49,20 @@ class Ahead(Generic[C]):
                 self._background.prepare(lambda: self._compactor.prepared(journey.conversation),
                                          lambda: self._begin(journey, answer_tokens, aside=False))
             return
-        share, lead = compaction.prepare_share, budget.lead_tokens(limits, tokens)
-        if share is not None and budget.past_share(limits, tokens, share) and \
-                not self._stages.clearing_would_do(journey, growth + lead):
+        share = compaction.prepare_share
+        if share is None:
+            return
+        # With stage 1 on, the prompt falls back whenever old results are cleared: a summary is needed only when
+        # what the clearing leaves passes the threshold, so the mark and the lead are measured on that.
+        settled = self._stages.settled_tokens(journey, growth + budget.lead_tokens(limits, tokens))
+        if settled is not None and settled < prompt_tokens:
+            tokens = settled + growth
+        lead = budget.lead_tokens(limits, tokens)
+        if budget.past_share(limits, tokens, share):
             # Planned for the growth it will meet before it is needed: up to the threshold (`lead`), and the turn
             # that passes it (the request that splices it in is past the threshold by up to a turn). When that
-            # leaves no room, it is not made (Compactor.begin), and the turn before the threshold makes it as above.
+            # leaves it far past the target, it is not made yet (Compactor.begin): a later turn makes it, with
+            # less growth ahead, or the turn before the threshold, as above.
             self._background.prepare(lambda: self._compactor.prepared(journey.conversation),
                                      lambda: self._begin(journey, answer_tokens + lead + growth, aside=True))
 

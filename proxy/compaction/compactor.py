@@ -205,9 +205,9 @@ class Compactor:
         plan = self.plan(conversation, limits, model=model, answer_tokens=answer_tokens, overhead=overhead)
         if plan is None:
             return "nothing_to_summarize"
-        if aside and not plan.allotment.attainable:
-            # Made now, it would leave the growth still to come verbatim past the target, and the conversation
-            # would need its next summary sooner: the summary is left to the turn before the threshold.
+        if aside and plan.allotment.shortfall > budget.prepared_slack(limits):
+            # Made now, it would leave the growth still to come verbatim so far past the target that the
+            # conversation would soon need its next summary: it is left to a later turn, nearer the threshold.
             return "not_attainable"
         if not force and not plan.worthwhile(self.filler_tokens(conversation.messages)):
             return "not_smaller"

@@ -63,11 +63,17 @@ class ToolStages:
     def clearing_would_do(self, journey: Journey[Any], growth: int) -> bool:
         """Whether the stages alone keep the next turn (this one grown by `growth` tokens) under the threshold, so
         no whole-history summary is to be built for it in the background."""
+        settled = self.settled_tokens(journey, growth)
+        return settled is not None and not budget.over_threshold(journey.limits, settled + growth)
+
+    def settled_tokens(self, journey: Journey[Any], growth: int) -> int | None:
+        """What this conversation weighs (the upstream's tokens, with the request's overhead) once stage 1 has
+        cleared it as it would when grown by `growth`; None with clearing off."""
         cleared = self._cleared(journey, grown=growth)
         if cleared is None:
-            return False
+            return None
         raw = sum(self._counter.count_each(cleared.messages)) + journey.overhead
-        return not budget.over_threshold(journey.limits, self._calibration.adjust(journey.call.model, raw) + growth)
+        return self._calibration.adjust(journey.call.model, raw)
 
     def after_answer(self, journey: Journey[Any], headers: Mapping[str, str]) -> None:
         """Old tool rounds of the client's conversation summarised in the background when enough have gathered;

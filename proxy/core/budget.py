@@ -91,6 +91,13 @@ def lead_tokens(limits: Limits, prompt_tokens: int) -> int:
     return max(0, limits.trigger_tokens - limits.reserve - prompt_tokens)
 
 
+def prepared_slack(limits: Limits) -> int:
+    """How far above the target a summary prepared ahead may leave its request: half the way to the threshold, so
+    the conversation keeps at least half its usual room before its next summary. Made when needed instead, it would
+    meet no more growth, but the client would wait for it."""
+    return max(0, limits.trigger_tokens - limits.target_tokens) // 2
+
+
 def clearing_room(limits: Limits, share: float, *, before_compaction: bool = True) -> int:
     """The prompt tokens a request may take before old tool results are cleared (stage 1, before any summary):
     `share` of the window with the reserved output beside it, or (`before_compaction`) the compaction trigger if
@@ -133,6 +140,12 @@ class Allotment:
     def attainable(self) -> bool:
         """Whether the goal can be met at all; when not, the plan keeps as little as the tail allows."""
         return self.fixed + self.summary_tokens <= self.goal
+
+    @property
+    def shortfall(self) -> int:
+        """How far past the goal the compacted prompt stays (0 when attainable): the next request lands that much
+        above the target, and the next summary comes that much sooner."""
+        return max(0, self.fixed + self.summary_tokens - self.goal)
 
     def why_not_attainable(self) -> str | None:
         """In words, why the compacted prompt cannot reach the goal; None when it can."""

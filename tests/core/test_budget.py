@@ -81,6 +81,29 @@ def test_allotment_for_a_few_windows(window: int, reserve: int, fixed: int, grow
     assert (allotment.why_not_attainable() is None) == allotment.attainable
 
 
+@pytest.mark.parametrize(("window", "reserve", "fixed", "growth", "shortfall"), [
+    (32768, 1024, 2000, 800, 0),      # attainable: no shortfall
+    (4000, 1024, 1500, 330, 1454),    # goal 646: the verbatim 1,500 and the floor of 600 stay 1,454 past it
+    (2000, 1024, 100, 330, 754),      # goal -354: the verbatim 100 and the floor of 300 past a negative goal
+], ids=["attainable", "verbatim-too-long", "no-room"])
+def test_the_shortfall_is_how_far_past_the_goal_a_plan_stays(window: int, reserve: int, fixed: int, growth: int,
+                                                            shortfall: int) -> None:
+    allotment = budget.allot(limits(window, reserve), fixed=fixed, growth=growth)
+    assert allotment.shortfall == shortfall
+    assert (allotment.shortfall == 0) == allotment.attainable
+
+
+@pytest.mark.parametrize(("window", "threshold", "target", "slack"), [
+    (16000, 0.8, 0.5, 2400),    # threshold 12,800, target 8,000: half the way is 2,400
+    (4000, 0.8, 0.5, 600),
+    (128000, 0.9, 0.6, 19200),
+    (8000, 0.0, 0.5, 0),        # proactive compaction off: no threshold to keep under, no slack
+], ids=["16k", "4k", "128k", "no-threshold"])
+def test_a_prepared_summary_may_land_half_way_from_the_target_to_the_threshold(
+        window: int, threshold: float, target: float, slack: int) -> None:
+    assert budget.prepared_slack(limits(window, threshold=threshold, target=target)) == slack
+
+
 @pytest.mark.parametrize(("window", "reserve", "fixed", "growth", "says"), [
     (32768, 1024, 2000, 800, None),  # attainable: nothing to say
     (4000, 1024, 1500, 330, "what must stay verbatim (1500 tokens"),  # a long current round

@@ -84,7 +84,7 @@ async def test_a_prepared_summary_leaves_the_request_that_uses_it_under_the_thre
     assert prepared and "failed" not in result.headers
     for index in prepared:
         assert model.chat_calls[index].prompt_tokens + reserve <= 0.8 * WINDOW
-        assert result.headers[index + 1] == "reused"
+        assert index + 1 == len(result.headers) or result.headers[index + 1] == "reused"
     assert len(model.summarizer_calls) <= TURNS // 4
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import ProxyFactory, RunningServer
 from tests.e2e.test_compaction_e2e import SYSTEM, user_turn
+from tests.fakes.agent import AgentModel, markers_seen, run_agent
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
 from tests.sdk import async_client
@@ -20,6 +21,7 @@ from tests.sdk import async_client
 SUMMARY_SECONDS = 1.0
 # Turns of ~450 tokens: from the mark (0.6 of the window) to the threshold (0.8) is about 14 of them.
 WINDOW = 32_768
+AGENT_WINDOW = 16_000  # 60-word tool results: about 900 tokens a round, a summary every 30 to 40 rounds
 
 
 def compaction_config(**compaction: Any) -> dict[str, Any]:
@@ -159,3 +161,25 @@ async def test_every_turn_past_the_mark_prepares_one_summary_only(model: Windowe
             await wait_for_metric(proxy.url, PREPARED)
     await asyncio.sleep(0.2)
     assert len(model.summarizer_calls) == 1
+
+
+async def test_an_agent_loop_with_clearing_on_has_every_summary_prepared(fake: FakeUpstream,
+                                                                        make_proxy: ProxyFactory) -> None:
+    """Old tool results cleared (stage 1, on by default) keep the threshold off for a few more turns each time; the
+    summary is prepared past the mark all the same, so no compaction of the loop is made on a request's path, and
+    none leaves a request past the window."""
+    agent = AgentModel(window=AGENT_WINDOW, summary_delay=0.05)
+    fake.chat_hook = agent
+    proxy = await make_proxy({"models": {"default": {"context_window": AGENT_WINDOW}}})
+    run = await run_agent(async_client(proxy.url), 150, words=60)
+    outcomes = [headers["x-compaction"] for headers in run.headers]
+    spliced = [outcome for outcome in outcomes if outcome not in ("none", "reused")]
+    assert len(spliced) >= 3, outcomes
+    assert set(spliced) == {"prepared"}, outcomes
+    assert len(agent.summarizer_calls) <= len(spliced) + 1  # at most the one still prepared for the next
+    assert all(received.prompt_tokens <= AGENT_WINDOW for received in agent.chat_calls)
+    # Made turns before it is used, a summary may leave its request past the target, never past the threshold.
+    for index, outcome in enumerate(outcomes):
+        if outcome == "prepared":
+            assert agent.chat_calls[index].prompt_tokens <= 0.8 * AGENT_WINDOW, index
+    assert run.results <= markers_seen(agent.summarizer_calls) | markers_seen(agent.chat_calls)

@@ -22,9 +22,11 @@ ROUNDS = 60
 WORDS = 40  # two results of ~280 tokens a round: over two windows of history by the end
 
 
-def config(clear: bool, **rule: Any) -> dict[str, Any]:
+def config(clear: bool, *, ahead: bool = True, **rule: Any) -> dict[str, Any]:
+    """`ahead` off: summaries on the path only (compaction.prepare_at null)."""
     return {"models": {"default": {"context_window": WINDOW}},
-            "compaction": {"tool_results": {"clear": {"enabled": clear, "clear_at_least": 500, **rule},
+            "compaction": {**({} if ahead else {"prepare_at": None}),
+                           "tool_results": {"clear": {"enabled": clear, "clear_at_least": 500, **rule},
                                             "summarize_pairs": {"enabled": False}}}}
 
 
@@ -58,7 +60,9 @@ def prefix_kept(bodies: list[list[Any]]) -> float:
 async def test_clearing_keeps_a_long_loop_going_with_fewer_summaries(stream: bool, model: AgentModel,
                                                                      fake: FakeUpstream,
                                                                      make_proxy: ProxyFactory) -> None:
-    proxy = await make_proxy(config(True))
+    # Summaries counted are those made on the path: one prepared ahead for a threshold the run never reaches would
+    # count as made (an agent loop's prepared summaries: test_prepared_e2e).
+    proxy = await make_proxy(config(True, ahead=False))
     run = await run_agent(async_client(proxy.url), ROUNDS, stream=stream, words=WORDS)
     cleared = [int(headers["x-compaction-cleared"]) for headers in run.headers if "x-compaction-cleared" in headers]
     # Each clearing clears all but the last 8 results at once; the cut then stays until the prompt is back at the
@@ -78,7 +82,7 @@ async def test_clearing_keeps_a_long_loop_going_with_fewer_summaries(stream: boo
     assert 'compaction_proxy_tool_result_tokens_freed_total{stage="cleared"}' in text
 
     model.received.clear()
-    plain = await make_proxy(config(False))
+    plain = await make_proxy(config(False, ahead=False))
     await run_agent(async_client(plain.url), ROUNDS, stream=stream, words=WORDS)
     without_clearing = len(model.summarizer_calls)
     kept_without = prefix_kept([call.body["messages"] for call in model.chat_calls])
