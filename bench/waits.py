@@ -5,9 +5,9 @@ Each arm is one agent (the chat agent with the openai SDK, json and stream; the 
 the Messages agent with the anthropic SDK) driving the real proxy (in-process, on 127.0.0.1) against a fake upstream
 that enforces its window, answers every turn after `--turn` seconds (a model's own time) and every summary after
 the arm's delay. Per turn the added wait is the time to the answer's head less the model's own time. Arms run side
-by side for one agent at a time (they mostly sleep; a busy loop would add its own waits). Printed per arm: summaries
-made, the turns the client waited on (added wait over WAITED seconds) and those after the first summary's, and the
-added wait per turn (median, p95, max).
+by side for one agent at a time, each in a process of its own (they mostly sleep; a shared loop would add its
+own waits). Printed per arm: summaries made, the turns the client waited on (added wait over WAITED seconds) and
+those after the first summary's, and the added wait per turn (median, p95, max).
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
+import os
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,11 +168,23 @@ def arms(options: argparse.Namespace) -> list[Arm]:
     return [Arm(dialect, delay) for dialect in options.dialects for delay in options.delays]
 
 
+def arm_in_process(arm: Arm, options: argparse.Namespace) -> dict[str, Any]:
+    """One arm on its own event loop, in a process of its own."""
+    return {**asyncio.run(run_arm(arm, options)), "process": os.getpid()}
+
+
 async def main(options: argparse.Namespace) -> list[dict[str, Any]]:
+    """One agent at a time, its summariser delays side by side, each arm in a process of its own: on one event loop
+    the openai SDK's preparing of one client's long Responses input (a second a request in a profile) held the
+    other arms' answers back, and every turn of theirs read as waited on."""
     rows: list[dict[str, Any]] = []
-    for dialect in options.dialects:  # one agent at a time, its summariser delays side by side
-        chosen = [arm for arm in arms(options) if arm.dialect == dialect]
-        rows += await asyncio.gather(*(run_arm(arm, options) for arm in chosen))
+    loop = asyncio.get_running_loop()
+    with ProcessPoolExecutor(max_workers=len(options.delays),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        for dialect in options.dialects:
+            chosen = [arm for arm in arms(options) if arm.dialect == dialect]
+            rows += await asyncio.gather(*(loop.run_in_executor(pool, arm_in_process, arm, options)
+                                           for arm in chosen))
     return rows
 
 

@@ -3,6 +3,7 @@ of every agent prints every figure (not how good they are)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -55,5 +56,7 @@ async def test_a_small_run_of_every_agent_prints_every_figure() -> None:
         assert 0 <= row["waited_after_first"] <= row["waited"] <= row["turns"]
         assert 0 <= row["median"] <= row["p95"] <= row["max"]
         assert sum(row["outcomes"].values()) == row["turns"]
+    # Each arm in a process of its own (on one loop, one client's preparing of a request delays the others).
+    assert os.getpid() not in {row["process"] for row in rows}
     lines = table(rows)
     assert len(lines) == 2 + len(rows) and all(line.count("|") == lines[0].count("|") for line in lines)
