@@ -94,12 +94,12 @@ def test_the_shortfall_is_how_far_past_the_goal_a_plan_stays(window: int, reserv
 
 
 @pytest.mark.parametrize(("window", "threshold", "target", "slack"), [
-    (16000, 0.8, 0.5, 2400),    # threshold 12,800, target 8,000: half the way is 2,400
-    (4000, 0.8, 0.5, 600),
-    (128000, 0.9, 0.6, 19200),
+    (16000, 0.8, 0.5, 1200),    # threshold 12,800, target 8,000: a quarter of the way is 1,200
+    (4000, 0.8, 0.5, 300),
+    (128000, 0.9, 0.6, 9600),
     (8000, 0.0, 0.5, 0),        # proactive compaction off: no threshold to keep under, no slack
 ], ids=["16k", "4k", "128k", "no-threshold"])
-def test_a_prepared_summary_may_land_half_way_from_the_target_to_the_threshold(
+def test_a_prepared_summary_may_land_a_quarter_of_the_way_from_the_target_to_the_threshold(
         window: int, threshold: float, target: float, slack: int) -> None:
     assert budget.prepared_slack(limits(window, threshold=threshold, target=target)) == slack
 
