@@ -140,7 +140,7 @@ class Allotment:
     @property
     def attainable(self) -> bool:
         """Whether the goal can be met at all; when not, the plan keeps as little as the tail allows."""
-        return self.fixed + self.summary_tokens <= self.goal
+        return self.shortfall == 0
 
     @property
     def shortfall(self) -> int:
