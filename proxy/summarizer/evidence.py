@@ -309,7 +309,8 @@ def complete(summary: StructuredSummary | None, text: str, evidence: Evidence, r
         written = _decision_text(item.decision) if item.decision else item.text + item.detail + item.code
         cost = count(written) + (8 if item.code else 4)  # bullets, fences, breaks
         section = item.field if item.field in have else ""
-        if spent + cost > limit or not _missing(item, have[section]):
+        if spent + cost > limit or not _missing(item, have[section]) or \
+                (item.field == "user_messages" and _stated_already(item.text, have)):
             continue
         spent += cost
         added += 1
@@ -324,6 +325,14 @@ def complete(summary: StructuredSummary | None, text: str, evidence: Evidence, r
                      problem_solving=(*base.problem_solving, *fields["problem_solving"]),
                      files=_merged_files(base.files, fields["files"]))
     return merged, added
+
+
+def _stated_already(text: str, have: dict[str, str]) -> bool:
+    """Whether every sentence of a user's message that carries a fact stands, in the user's words, among the
+    constraints or the decisions' quotes: quoting the message again would spend the room twice on the same words."""
+    carrying = [normalised(sentence) for sentence in stated.sentences(text) if carries_facts(sentence)]
+    current = have["constraints"] + " " + have["decisions"]
+    return bool(carrying) and all(sentence in current for sentence in carrying)
 
 
 def _decision_text(decision: Decision) -> str:

@@ -11,12 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core.tokens import TokenCounter
+from proxy.summarizer import stated
 from proxy.summarizer.evidence import (
     ERROR_WORD,
     TALLY,
     Evidence,
     _error_lines,
     _settings,
+    carries_facts,
     complete,
     gather,
     normalised,
@@ -107,12 +109,13 @@ def test_complete_adds_what_the_summary_lacks_in_its_fields() -> None:
     summary = StructuredSummary(user_intent=("fix the tests",), files=(FileNote("src/payments/ledger.py", "bug"),))
     merged, added = complete(summary, "fix the tests src/payments/ledger.py bug", gather(HISTORY), 1000,
                              COUNTER.count_text)
-    assert added == 7
+    assert added == 5
     assert merged.user_intent == ("fix the tests",)
     assert merged.constraints == ("Never touch third_party/vendored_1234/.",)
     assert merged.decisions == (Decision(None, "snapfmt_b", ("snapfmt_a",),
                                          "Use snapfmt_b instead of snapfmt_a from now on."),)
-    assert merged.user_messages == (HISTORY[0]["content"], HISTORY[-1]["content"])
+    # Each user message's facts are its rule and its change of mind, quoted above already in the user's words.
+    assert merged.user_messages == ()
     assert merged.errors_and_fixes == (f"`pytest tests/payments -q` output: `tests/payments/test_x.py::test_batch "
                                        f"FAILED` | `{ERROR}` | `1 failed, 6 passed in 3.41s`",)
     assert merged.files == (FileNote("src/payments/ledger.py", "bug; read_file; edit_file old=round(x, 1) "
@@ -399,3 +402,27 @@ def test_a_rule_or_a_decision_the_summary_states_is_not_added_again(decisions: t
     # The user's words under User Messages hold both values, but they do not state them as current.
     text = summary.render() + "\n" + " ".join(message["content"] for message in (HISTORY[0], HISTORY[-1]))
     assert complete(summary, text, evidence, 1000, COUNTER.count_text)[1] == added
+
+
+@pytest.mark.parametrize(("said", "constraints", "kept"), [
+    pytest.param("Fix the tests. Never touch third_party/vendored_1234/.", (), False,
+                 id="its one fact is the rule added above: not quoted twice"),
+    pytest.param("Use snapfmt_b instead of snapfmt_a from now on. Thanks.", (), False,
+                 id="its one fact is the decision's quote"),
+    pytest.param("Never touch third_party/vendored_1234/. The owner is Dana Whitfield.", (), True,
+                 id="a fact beyond the rule: the whole message kept"),
+    pytest.param("The staging host is stg-7.internal.", ("The staging host is stg-7.internal.",), False,
+                 id="the summary's own constraint quotes it"),
+    pytest.param("The staging host is stg-7.internal.", ("Staging runs on stg-7.",), True,
+                 id="a paraphrase is not the user's words"),
+    pytest.param("Sounds good, carry on.", (), True, id="no fact to be covered: kept as the user's word"),
+])
+def test_a_user_message_whose_facts_the_current_state_quotes_is_not_quoted_again(
+        said: str, constraints: tuple[str, ...], kept: bool) -> None:
+    history = [HISTORY[0], {"role": "user", "content": "Use snapfmt_b instead of snapfmt_a from now on. Thanks."},
+               {"role": "user", "content": said}]
+    evidence = replace(gather(history), user_messages=(said,), actions=())
+    merged, _ = complete(StructuredSummary(constraints=constraints), "", evidence, 1000, COUNTER.count_text)
+    assert merged.user_messages == ((said,) if kept else ())
+    text = normalised(merged.render())
+    assert all(normalised(sentence) in text for sentence in stated.sentences(said) if carries_facts(sentence))
