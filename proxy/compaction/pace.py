@@ -17,10 +17,6 @@ WEIGHT = 0.3
 # in 150 rounds; at 1.0 it made 10 and waited on 1 of 9, and in the scaled test (tests/bench/test_waits.py) on 2 of
 # 4: a start with no time to spare is late whenever a turn comes early.
 MARGIN = 1.2
-# A summariser quicker than this is never late: the most a client waits for it is less than a summary more costs (a
-# fast client's 60 turns at a 4,096-token window, with 0.1-0.5 s summaries on a busy machine, made 12-13 summaries
-# instead of 11 when any lateness counted).
-MIN_LATE_SECONDS = 1.0
 # Conversations remembered per pipeline, the least recently answered forgotten first: a key and two floats each.
 CAPACITY = 4096
 
@@ -54,10 +50,9 @@ class Pace:
 
     def late(self, key: str, turns_left: float, summary_seconds: float | None) -> bool:
         """Whether a summary started now, taking about `summary_seconds`, would still be in the making when
-        conversation `key`, `turns_left` turns from its threshold, gets there; False while either is unknown, and
-        for a summariser quicker than MIN_LATE_SECONDS."""
+        conversation `key`, `turns_left` turns from its threshold, gets there; False while either is unknown."""
         turns = self._turns.get(key)
-        if turns is None or turns.interval is None or summary_seconds is None or summary_seconds < MIN_LATE_SECONDS:
+        if turns is None or turns.interval is None or summary_seconds is None:
             return False
         return max(0.0, turns_left) * turns.interval < MARGIN * summary_seconds
 
