@@ -304,6 +304,23 @@ def header(options: argparse.Namespace, model: str) -> dict[str, Any]:
             "controls_from": str(options.controls_from) if options.controls_from else None}
 
 
+# What a probe's wrong value was, by the fact: only an overridden decision has a replaced value; a prohibition has
+# the forbidden value beside the allowed one, the people fact a similar name beside the right one.
+STALE_KINDS = {"override": "a replaced value given as current", "override2": "a replaced value given as current",
+               "prohibition": "the forbidden value as allowed", "people": "the similarly named person"}
+
+
+def stale_counts(probes: list[dict[str, Any]], arms: list[str]) -> str:
+    """Per kind of wrong value asked about, how many probes each arm answered with it: `kind: arm n, arm n; …`."""
+    counts: dict[str, dict[str, int]] = {}
+    for kind in dict.fromkeys(STALE_KINDS.values()):
+        asked = [p for p in probes if STALE_KINDS.get(p.get("key", "")) == kind]
+        if asked:
+            counts[kind] = {arm: sum(bool(p["stale"]) for p in asked if p["arm"] == arm) for arm in arms}
+    return "; ".join(f"{kind}: " + ", ".join(f"{arm} {n}" for arm, n in per_arm.items())
+                     for kind, per_arm in counts.items()) or "none asked"
+
+
 def report(head: dict[str, Any], replicates: list[dict[str, Any]]) -> list[str]:
     lines = [f"# Fidelity benchmark {head['date']}", f"machine: {head['machine']}",
              f"model: {head['model']} ({head['upstream']}); window {head['window']}; "
@@ -314,10 +331,8 @@ def report(head: dict[str, Any], replicates: list[dict[str, Any]]) -> list[str]:
     probes = [p for r in replicates for p in r["probes"]]
     lines += recall_table(aggregate(probes), head["arms"])
     lines += summary_lines([s for r in replicates for s in r["summaries"]])
-    stale = {arm: sum(p["stale"] for p in probes if p["arm"] == arm) for arm in head["arms"]}
     compactions = sorted({p["compaction"] for p in probes if p["arm"] == "proxy" and p["stale"]})
-    lines += ["", "probes answered with a replaced value as the current one: "
-                  + ", ".join(f"{arm} {count}" for arm, count in stale.items())
+    lines += ["", "probes answered with the wrong one of two values (" + stale_counts(probes, head["arms"]) + ")"
                   + (f" (the proxy's x-compaction: {', '.join(compactions)})" if compactions else ""),
               f"failed summaries (x-compaction: failed with summariser calls): "
               f"{sum(len(r['failed_summaries']) for r in replicates)}",

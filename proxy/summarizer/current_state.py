@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from proxy.core.messages import Message, content_text, role
-from proxy.summarizer.stated import EXACT, mentions, overrides
+from proxy.summarizer.stated import EXACT, MAX_SENTENCE_CHARS, mentions, overrides
+from proxy.summarizer.stated import sentences as stated_sentences
 from proxy.summarizer.summary import Decision, StructuredSummary
 
 # Fields that state what is current: a value the conversation replaced must not appear there as if it were.
@@ -20,8 +21,6 @@ MIN_COPIED_CHARS = 40
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(])")
 _SPACE = re.compile(r"\s+")
 _WORD = re.compile(r"[\w./:@+-]+")
-# Where a quoted span may end in the text it quotes: not inside a value.
-_TOKEN_END = re.compile(r"(?![\w/@+-]|[.:]\w)")
 _SHOWN = 80
 
 
@@ -30,7 +29,9 @@ class Correction:
     """One change the checks made, for the compaction's log line."""
 
     field: str
-    rule: str  # "replaced_value" | "copied_reply" | "decision_current" | "replaced_is_current" | "quoted" | "unfounded"
+    # "replaced_value" | "copied_reply" | "decision_current" | "replaced_is_current" | "quoted" | "unfounded"
+    # | "misquoted"
+    rule: str
     text: str  # what was dropped or rewritten, shortened
 
     def as_log(self) -> dict[str, str]:
@@ -60,6 +61,7 @@ def corrected(summary: StructuredSummary, messages: Sequence[Message]) -> tuple[
     corrections: list[Correction] = []
     changes: dict[str, object] = {}
     decisions = _founded(_current_decisions(summary.decisions, replaced, corrections), messages, corrections)
+    decisions = tuple(_said_checked(decision, corrections) for decision in decisions)
     if decisions != summary.decisions:
         changes["decisions"] = decisions
     for name in CURRENT_LIST_FIELDS:
@@ -85,33 +87,40 @@ def corrected(summary: StructuredSummary, messages: Sequence[Message]) -> tuple[
 
 def _quoted(constraints: tuple[str, ...], messages: Sequence[Message],
             corrections: list[Correction]) -> tuple[str, ...]:
-    """Each constraint in the user's own words: one the model paraphrased, whose exact values (a path, a name with
-    a digit or punctuation) a user's sentence holds, becomes that sentence (the latest such), quoted as said."""
-    sentences = [sentence.strip() for message in messages if role(message) == "user"
-                 for sentence in _SENTENCE.split(content_text(message.get("content"))) if sentence.strip()]
-    said = _folded(" ".join(sentences))
-    quoted = []
+    """Each constraint in the user's own words: one the model paraphrased or cut off, whose exact values (a path, a
+    name with a digit or punctuation) the user's sentences hold, becomes those sentences, whole and quoted as said:
+    the latest one holding them all, else the latest holding each (a model joins two sentences into one rule)."""
+    # Sentences are cut at line breaks too, and a paragraph is no sentence: an earlier summary, sent with the
+    # user's role, holds every rule in one block, and quoting that block would nest the summary in itself.
+    sentences = [sentence for message in messages if role(message) == "user"
+                 for sentence in stated_sentences(content_text(message.get("content")))
+                 if len(sentence) <= MAX_SENTENCE_CHARS]
+    quoted: list[str] = []
     for item in constraints:
         values = _exact_values(item)
-        holding = [sentence for sentence in sentences if all(mentions(sentence, value) for value in values)]
-        if _quotes(_folded(item), said) or not values or not holding:
+        found = _holding(values, sentences)
+        if not values or not found or _folded(" ".join(found)) == _folded(item):
             quoted.append(item)
             continue
         corrections.append(Correction("constraints", "quoted", _short(item)))
-        quoted.append(holding[-1])
+        quoted.extend(found)
     return tuple(dict.fromkeys(quoted))
+
+
+def _holding(values: set[str], sentences: Sequence[str]) -> list[str]:
+    """The latest sentence naming every value; else, oldest first, the latest naming each; else none."""
+    if whole := [sentence for sentence in sentences if all(mentions(sentence, value) for value in values)]:
+        return [whole[-1]]
+    each = [next((s for s in reversed(sentences) if mentions(s, value)), None) for value in values]
+    if any(sentence is None for sentence in each):
+        return []
+    return sorted({s for s in each if s is not None}, key=sentences.index)
 
 
 def _exact_values(text: str) -> set[str]:
     """The values `text` names exactly: its tokens with a digit or inner punctuation (a path, a host, a version)."""
     tokens = {token.strip(".,:;()\"'") for token in _WORD.findall(text)}
     return {token for token in tokens if token and EXACT.search(token)}
-
-
-def _quotes(item: str, said: str) -> bool:
-    """Whether `item` is the user's words as said: found whole, not cut off inside a value ("Only ledger" of "Only
-    ledger-staging-8 may be migrated" names another host)."""
-    return any(_TOKEN_END.match(said, match.end()) for match in re.finditer(re.escape(item), said)) if item else False
 
 
 def _founded(decisions: tuple[Decision, ...], messages: Sequence[Message],
@@ -129,6 +138,16 @@ def _founded(decisions: tuple[Decision, ...], messages: Sequence[Message],
                 continue
         kept.append(decision)
     return tuple(kept)
+
+
+def _said_checked(decision: Decision, corrections: list[Correction]) -> Decision:
+    """A decision whose quote names none of its values loses the quote: a small model fills `said` with whatever
+    sentence it last read ("Dana Reyes reviews ledger-sync" for a snapshot format), and a reader takes it as why."""
+    values = _exact_values(" ".join(filter(None, (decision.current, *decision.replaced))))
+    if decision.said is None or not values or any(mentions(decision.said, value) for value in values):
+        return decision
+    corrections.append(Correction("decisions", "misquoted", _short(decision.said)))
+    return replace(decision, said=None)
 
 
 def _message_words(message: Message) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bench.fidelity import header, parse_args, write_json
+from bench.fidelity import header, parse_args, stale_counts, write_json
 from bench.fidelity_drive import NEW_SUMMARY, drive, planted_by
 from bench.fidelity_facts import (
     KINDS,
@@ -187,6 +187,17 @@ def test_the_report_compares_the_arms_on_the_facts_truncation_dropped() -> None:
             for probe in probes]
     assert any(line.endswith("on facts dropped by truncation proxy 1.00 vs tail 0.00")
                for line in recall_table(aggregate(lost), ["proxy", "full", "tail"]))
+
+
+def test_the_report_counts_each_kind_of_wrong_value_apart() -> None:
+    """A replaced decision, a forbidden value and a similar name are different failures: counted apart, per arm."""
+    probes = [{"arm": arm, "key": key, "stale": stale} for arm, key, stale in [
+        ("proxy", "override", False), ("proxy", "override2", True), ("full", "override2", False),
+        ("proxy", "people", True), ("proxy", "people", True), ("full", "people", True),
+        ("proxy", "path", True)]]  # no wrong value to give: not counted
+    assert stale_counts(probes, ["proxy", "full"]) == ("a replaced value given as current: proxy 1, full 0; "
+                                                      "the similarly named person: proxy 2, full 1")
+    assert stale_counts([{"arm": "proxy", "key": "path", "stale": False}], ["proxy"]) == "none asked"
 
 
 @dataclass

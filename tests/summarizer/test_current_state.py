@@ -99,21 +99,48 @@ RULES = [{"role": "user", "content": "Fix the tests. Never touch third_party/amb
 
 
 @pytest.mark.parametrize(("written", "quoted"), [
-    ("Do not modify third_party/amber_1234/", "Never touch third_party/amber_1234/: it is a pinned copy."),
-    ("Only migrate ledger-staging-7", "Only ledger-staging-7 may be migrated."),
+    ("Do not modify third_party/amber_1234/", ("Never touch third_party/amber_1234/: it is a pinned copy.",)),
+    ("Only migrate ledger-staging-7", ("Only ledger-staging-7 may be migrated.",)),
     ("Never touch third_party/amber_1234/: it is a pinned copy.",
-     "Never touch third_party/amber_1234/: it is a pinned copy."),  # the user's words already
-    ("Keep the tests fast", "Keep the tests fast"),  # no exact value to find the user's sentence by
-    ("Only migrate ledger-staging-9", "Only migrate ledger-staging-9"),  # the assistant said it, not the user
-    ("Migrate ledger-staging-7, never ledger-prod-4", "Migrate ledger-staging-7, never ledger-prod-4"),  # two sentences
+     ("Never touch third_party/amber_1234/: it is a pinned copy.",)),  # the user's words already
+    ("Keep the tests fast", ("Keep the tests fast",)),  # no exact value to find the user's sentence by
+    ("Only migrate ledger-staging-9", ("Only migrate ledger-staging-9",)),  # the assistant said it, not the user
+    # Two of the user's sentences joined into one rule: both sentences, each whole.
+    ("Migrate ledger-staging-7, never ledger-prod-4",
+     ("Careful: never run migrations on ledger-prod-4.", "Only ledger-staging-7 may be migrated.")),
+    ("Careful: never run migrations on ledger-prod-4.\nOnly ledger-staging-7 may be ",
+     ("Careful: never run migrations on ledger-prod-4.", "Only ledger-staging-7 may be migrated.")),
+    ("Careful: never run migrations on ledger-prod-4. Only ledger-staging-7 may be migrated.",
+     ("Careful: never run migrations on ledger-prod-4. Only ledger-staging-7 may be migrated.",)),  # as said
     # The user's words cut off inside a value name another host: the sentence is quoted whole.
-    ("Careful: never run migrations on ledger-prod-4. Only ledger", "Careful: never run migrations on ledger-prod-4."),
-    ("Careful: never run migrations on ledger-prod-4.", "Careful: never run migrations on ledger-prod-4."),
+    ("Careful: never run migrations on ledger-prod-4. Only ledger",
+     ("Careful: never run migrations on ledger-prod-4.",)),
+    ("Only ledger-staging-7 may be", ("Only ledger-staging-7 may be migrated.",)),  # cut off after the value
+    ("Careful: never run migrations on ledger-prod-4.", ("Careful: never run migrations on ledger-prod-4.",)),
+    ("Never touch third_party/amber_1234/ or ledger-prod-5", ("Never touch third_party/amber_1234/ or ledger-prod-5",)),
 ])
-def test_a_paraphrased_constraint_becomes_the_users_sentence(written: str, quoted: str) -> None:
+def test_a_paraphrased_constraint_becomes_the_users_sentences(written: str, quoted: tuple[str, ...]) -> None:
     fixed, corrections = corrected(StructuredSummary(constraints=(written,)), RULES)
-    assert fixed.constraints == (quoted,)
-    assert [c.rule for c in corrections] == (["quoted"] if quoted != written else [])
+    assert fixed.constraints == quoted
+    assert [c.rule for c in corrections] == (["quoted"] if quoted != (written,) else [])
+
+
+EARLIER = ("# Conversation Summary\n\n## Current Decisions\n\n- ledger snapshots use snapfmt_amber_7ef.\n\n"
+           "## Constraints\n\n- Careful: never run migrations on ledger-prod-4.\n- Only ledger-staging-7 may be "
+           "migrated.\n- Never touch third_party/amber_1234/: it is a pinned copy.\n\n## Current Work\n\nFixed "
+           "the rounding bug in src/payments/ledger_283f.py.")
+
+
+@pytest.mark.parametrize("written", ["Careful: never run migrations on ledger-prod-4.\nOnly ledger-staging-7 may be ",
+                                     "Migrate ledger-staging-7, never ledger-prod-4, leave third_party/amber_1234/"])
+def test_an_earlier_summary_is_never_quoted_whole_as_a_constraint(written: str) -> None:
+    """The earlier summary is sent with the user's role; its rules are sentences, the summary is not one."""
+    history = [{"role": "user", "content": EARLIER}, {"role": "assistant", "content": "Understood."},
+               {"role": "user", "content": "Good, carry on."}]
+    fixed, _ = corrected(StructuredSummary(constraints=(written,)), history)
+    assert all("## " not in rule and "Conversation Summary" not in rule for rule in fixed.constraints)
+    assert "Only ledger-staging-7 may be migrated." in fixed.constraints
+    assert "Careful: never run migrations on ledger-prod-4." in fixed.constraints
 
 
 def test_a_constraint_quoted_twice_is_kept_once() -> None:
@@ -146,3 +173,21 @@ def test_a_decision_naming_a_value_the_conversation_never_held_is_dropped(curren
     fixed, corrections = corrected(StructuredSummary(decisions=(Decision("migration", current),)), history)
     assert (fixed.decisions == (Decision("migration", current),)) is kept
     assert [c.rule for c in corrections] == ([] if kept else ["unfounded"])
+
+
+SNAPSHOTS = "use snapfmt_raven_7b7 instead of snapfmt_amber_7ef for the ledger snapshots."
+
+
+@pytest.mark.parametrize(("said", "kept"), [
+    ("Dana Reyes reviews every change to ledger-sync; Dan Reyes owns ledger-sink and 141", False),
+    (f"One change: {SNAPSHOTS}", True),          # names the current value
+    ("We dropped snapfmt_amber_7ef.", True),     # names the replaced one
+    (None, True),
+])
+def test_a_decisions_quote_that_names_none_of_its_values_is_dropped(said: str | None, kept: bool) -> None:
+    decision = Decision("snapshots", "ledger snapshots use snapfmt_raven_7b7", ("snapfmt_amber_7ef",), said)
+    history = [{"role": "user", "content": f"Good. One change: {SNAPSHOTS}"}]
+    fixed, corrections = corrected(StructuredSummary(decisions=(decision,)), history)
+    assert fixed.decisions == ((decision,) if kept else (Decision(decision.topic, decision.current,
+                                                                   decision.replaced, None),))
+    assert [c.rule for c in corrections] == ([] if kept else ["misquoted"])
