@@ -129,7 +129,9 @@ def _row(arm: Arm, turns: Turns, model: WindowedModel, turn_seconds: float) -> d
     added = turns.added(turn_seconds)
     # Turns that spliced a new summary in: made on the path, prepared ahead, or (without a mark) a background one
     # awaited, which says "reused" like any later turn: those are told by their wait.
-    waited = [index for index, seconds in enumerate(added) if seconds > WAITED]
+    # The first turn is not one of them: nothing was answered before it that could have started a summary, and its
+    # wait is the client's own start (a busy machine's SDK setup and first connection).
+    waited = [index for index, seconds in enumerate(added) if seconds > WAITED and index > 0]
     spliced = [index for index, outcome in enumerate(turns.outcomes) if outcome in ("proactive", "reactive",
                                                                                      "prepared")]
     first = min([*spliced, *waited], default=None)

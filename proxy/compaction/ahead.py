@@ -1,5 +1,6 @@
-"""Summaries made before the request that needs them: prepared past compaction.prepare_at and kept aside until a
-request passes the threshold, or (without a mark) started one turn before it."""
+"""Summaries made before the request that needs them: prepared past compaction.prepare_at (or earlier, when the
+conversation's pace says the summariser would not be done in time) and kept aside until a request passes the
+threshold, or (without a mark) started one turn before it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from proxy.compaction.background import BackgroundSummaries
 from proxy.compaction.compactor import Compactor
 from proxy.compaction.journey import C, Journey
 from proxy.compaction.journey_tokens import JourneyTokens
+from proxy.compaction.pace import Pace
 from proxy.compaction.tool_stages import ToolStages
 from proxy.config import Settings
 from proxy.core import budget
@@ -27,6 +29,7 @@ class Ahead(Generic[C]):
         self._stages = stages
         self._tokens = tokens
         self._background = BackgroundSummaries()
+        self._pace = Pace()
 
     def after_answer(self, journey: Journey[C], prompt_tokens: int, answer_tokens: int) -> None:
         """The next turn resends this prompt and answer plus one more input: past the mark (compaction.prepare_at),
@@ -35,6 +38,7 @@ class Ahead(Generic[C]):
         compaction = self._settings.compaction
         if not compaction.background:
             return
+        self._pace.answered(journey.conversation.backoff_key)
         next_input = last_input_tokens(self._tokens.messages(journey), self._tokens.message_tokens(journey))
         growth = budget.next_turn_growth(next_input, answer_tokens)
         limits, tokens = journey.limits, prompt_tokens + growth
@@ -58,13 +62,19 @@ class Ahead(Generic[C]):
         if settled is not None and settled < prompt_tokens:
             tokens = settled + growth
         lead = budget.lead_tokens(limits, tokens)
-        if budget.past_share(limits, tokens, share):
+        # The summariser's time against the turns left (this conversation's pace): at the last turn a start is in
+        # time, the summary is prepared, mark or not, within a wider slack.
+        late = self._pace.late(journey.conversation.backoff_key, prompt_tokens, lead, growth,
+                               self._compactor.summary_seconds)
+        if late or budget.past_share(limits, tokens, share):
             # Planned for the growth it will meet before it is needed: up to the threshold (`lead`), and the turn
             # that passes it (the request that splices it in is past the threshold by up to a turn). When that
-            # leaves it far past the target, it is not made yet (Compactor.begin): a later turn makes it, with
+            # leaves it too far past the target, it is not made yet (Compactor.begin): a later turn makes it, with
             # less growth ahead, or the turn before the threshold, as above.
+            slack = (budget.late_slack if late else budget.prepared_slack)(limits)
             self._background.prepare(lambda: self._compactor.prepared(journey.conversation),
-                                     lambda: self._begin(journey, answer_tokens + lead + growth, aside=True))
+                                     lambda: self._begin(journey, answer_tokens + lead + growth, aside=True,
+                                                         slack=slack))
 
     async def splice(self, journey: Journey[C]) -> None:
         """The summary prepared for this conversation spliced in, if one applies (`x-compaction: prepared`)."""
@@ -77,13 +87,13 @@ class Ahead(Generic[C]):
             journey.conversation, journey.trigger = promoted, "prepared"
             await self._stages.shape(journey)
 
-    def _begin(self, journey: Journey[C], answer_tokens: int, *, aside: bool) -> object:
+    def _begin(self, journey: Journey[C], answer_tokens: int, *, aside: bool, slack: int | None = None) -> object:
         call = journey.call
         return self._compactor.begin(
             journey.conversation, journey.limits, model=call.model, trigger="prepared" if aside else "background",
             headers=call.headers, answer_tokens=answer_tokens, overhead=self._tokens.overhead(journey),
             tools=self._dialect.tools(call), instructions=call.summary_instructions, origin=journey.origin,
-            aside=aside)
+            aside=aside, slack=slack)
 
     async def close(self) -> None:
         await self._background.close()

@@ -13,6 +13,7 @@ from functools import cached_property
 from typing import Any
 
 from proxy.compaction.job import Job
+from proxy.compaction.pace import smoothed
 from proxy.compaction.recorder import Origin, Recorder, failure_event, summary_event
 from proxy.config import Settings
 from proxy.core import budget
@@ -109,6 +110,7 @@ class Compactor:
                  metrics: Metrics, model_factory: ModelFactory, calibration: Calibration | None = None,
                  flights: Flights | None = None, recorder: Recorder | None = None) -> None:
         self._settings = settings
+        self._summary_seconds: float | None = None
         self._recorder = recorder or Recorder(None)
         self._calibration = calibration or Calibration()
         self._store = store
@@ -196,16 +198,17 @@ class Compactor:
     def begin(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
               headers: Mapping[str, str], answer_tokens: int | None = None, overhead: int = 0,
               force: bool = False, tools: Any = None, instructions: str | None = None,
-              origin: Origin | None = None, aside: bool = False) -> Flight | str:
+              origin: Origin | None = None, aside: bool = False, slack: int | None = None) -> Flight | str:
         """Plan and claim the summary now (no await), so a request arriving next finds it in flight.
 
         `tools` are the request's own, for a prefix-layout summariser request; `aside` stores it where only
-        `promote` finds it (a summary prepared ahead). Returns the flight, or the reason there is none.
+        `promote` finds it (a summary prepared ahead), if its plan stays within `slack` of its goal (by default
+        budget.prepared_slack). Returns the flight, or the reason there is none.
         """
         plan = self.plan(conversation, limits, model=model, answer_tokens=answer_tokens, overhead=overhead)
         if plan is None:
             return "nothing_to_summarize"
-        if aside and plan.allotment.shortfall > budget.prepared_slack(limits):
+        if aside and plan.allotment.shortfall > (budget.prepared_slack(limits) if slack is None else slack):
             # Made now, it would leave the growth still to come verbatim so far past the target that the
             # conversation would soon need its next summary: it is left to a later turn, nearer the threshold.
             return "not_attainable"
@@ -233,6 +236,11 @@ class Compactor:
                    force=force)
         # The flight looks for a stored record first, and stores what _summarise returns (fenced, across replicas).
         return Flight(self._flights.start(stored_in, prefix_hash, lambda: self._summarise(job)), prefix_len)
+
+    @property
+    def summary_seconds(self) -> float | None:
+        """How long a summary takes here, smoothed over those made (None before the first)."""
+        return self._summary_seconds
 
     async def prepared(self, conversation: Conversation) -> bool:
         """Whether a summary prepared ahead for a prefix of this conversation (past the one spliced in) is being
@@ -289,7 +297,9 @@ class Compactor:
         self._backoff.succeeded(job.backoff_key)
         record = CompactedPrefix(job.prefix_hash, job.prefix_len, tuple(messages),
                                  job.plan.tokens_before - job.plan.tail_tokens, tokens_after, job.model, time.time())
-        self._account(job, summary, record, seconds=time.monotonic() - started)
+        seconds = time.monotonic() - started
+        self._summary_seconds = smoothed(self._summary_seconds, seconds)
+        self._account(job, summary, record, seconds=seconds)
         return record
 
     async def _fitting_summary(self, job: Job) -> tuple[Summary, list[Message], int]:

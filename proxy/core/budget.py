@@ -99,6 +99,13 @@ def prepared_slack(limits: Limits) -> int:
     return max(0, limits.trigger_tokens - limits.target_tokens) // 4
 
 
+def late_slack(limits: Limits) -> int:
+    """The slack of a summary prepared ahead that is late (its conversation's turns would reach the threshold
+    before the summariser is done): half the way to the threshold. The conversation's next summary comes sooner,
+    and only for the agents that would otherwise wait for this one."""
+    return max(0, limits.trigger_tokens - limits.target_tokens) // 2
+
+
 def clearing_room(limits: Limits, share: float, *, before_compaction: bool = True) -> int:
     """The prompt tokens a request may take before old tool results are cleared (stage 1, before any summary):
     `share` of the window with the reserved output beside it, or (`before_compaction`) the compaction trigger if

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from bench.waits import DIALECTS, Turns, _percentile, arguments, main, paced, table
+from bench.waits import DIALECTS, Arm, Turns, _percentile, _row, arguments, main, paced, run_arm, table
+from tests.fakes.windowed import WindowedModel
 
 
 def test_the_added_wait_is_the_time_to_the_answer_less_the_models_own() -> None:
@@ -60,3 +61,29 @@ async def test_a_small_run_of_every_agent_prints_every_figure() -> None:
     assert os.getpid() not in {row["process"] for row in rows}
     lines = table(rows)
     assert len(lines) == 2 + len(rows) and all(line.count("|") == lines[0].count("|") for line in lines)
+
+
+@pytest.mark.parametrize("dialect", ["responses", "messages"])
+async def test_an_agent_with_a_slow_summariser_waits_for_hardly_any_of_its_later_summaries(dialect: str) -> None:
+    """The bench's agent loop at a fifth of its pace (a summary takes five turns): from the second summary on, the
+    proxy knows both paces and starts each summary early enough that at most one turn waits for one (without the
+    pace, the Messages agent waited on 3 of 4; starting with no time to spare, on 2 of 4)."""
+    options = arguments(["--turn", "0.3", "--rounds", "100", "--dialects", dialect])
+    row = await run_arm(Arm(dialect, 1.5), options)
+    assert row["summaries"] >= 4, row
+    assert row["waited_after_first"] <= 1, row
+
+
+@pytest.mark.parametrize(("outcomes", "answered", "waited", "after_first"), [
+    pytest.param(["none", "none", "prepared", "reused"], [3.0, 12.1, 25.0, 32.0], 1, 0,
+                 id="the first turn's start is not a summary's wait; the first summary's is not a later one's"),
+    pytest.param(["none", "prepared", "reused", "prepared"], [2.1, 15.0, 22.0, 35.0], 2, 1,
+                 id="a later summary waited for"),
+    pytest.param(["none", "none", "reused", "reused"], [2.1, 12.1, 27.0, 37.0], 2, 1,
+                 id="without a mark: told by the waits alone"),
+])
+def test_which_turns_waited_for_a_summary(outcomes: list[str], answered: list[float], waited: int,
+                                          after_first: int) -> None:
+    turns = Turns(sent=[0.0, 10.0, 20.0, 30.0], answered=answered, outcomes=outcomes)
+    row = _row(Arm("chat", 10.0), turns, WindowedModel(window=1000), 2.0)
+    assert (row["waited"], row["waited_after_first"]) == (waited, after_first)

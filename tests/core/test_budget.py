@@ -104,6 +104,18 @@ def test_a_prepared_summary_may_land_a_quarter_of_the_way_from_the_target_to_the
     assert budget.prepared_slack(limits(window, threshold=threshold, target=target)) == slack
 
 
+@pytest.mark.parametrize(("window", "threshold", "target", "slack"), [
+    (16000, 0.8, 0.5, 2400),    # half the way from 8,000 to 12,800
+    (4000, 0.8, 0.5, 600),
+    (128000, 0.9, 0.6, 19200),
+    (8000, 0.0, 0.5, 0),
+], ids=["16k", "4k", "128k", "no-threshold"])
+def test_a_late_prepared_summary_may_land_half_the_way(window: int, threshold: float, target: float,
+                                                       slack: int) -> None:
+    limited = limits(window, threshold=threshold, target=target)
+    assert budget.late_slack(limited) == slack >= budget.prepared_slack(limited)
+
+
 @pytest.mark.parametrize(("window", "reserve", "fixed", "growth", "says"), [
     (32768, 1024, 2000, 800, None),  # attainable: nothing to say
     (4000, 1024, 1500, 330, "what must stay verbatim (1500 tokens"),  # a long current round

@@ -1,0 +1,87 @@
+"""Pace: how often each conversation's turns come, so a summary prepared ahead starts while there is still time to
+make it before the request that needs it."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Recent measurements weigh this much against what came before: an agent's turns and a summariser's latency drift
+# (longer tool runs, a busier model), and one slow turn should not decide alone.
+WEIGHT = 0.3
+# A summary is late when the turns left before the threshold take less than this many times its time. Every turn
+# it starts earlier is growth it is planned for, kept verbatim, landing its request higher. In `bench.waits` (10 s
+# summariser, 2 s turns), at 1.2 (as at 1.5) the Messages agent waited on none of its 12 later summaries and made 13
+# in 150 rounds; at 1.0 it made 10 and waited on 1 of 9, and in the scaled test (tests/bench/test_waits.py) on 2 of
+# 4: a start with no time to spare is late whenever a turn comes early.
+MARGIN = 1.2
+# A summariser quicker than this is never late: the most a client waits for it is less than a summary more costs (a
+# fast client's 60 turns at a 4,096-token window, with 0.1-0.5 s summaries on a busy machine, made 12-13 summaries
+# instead of 11 when any lateness counted).
+MIN_LATE_SECONDS = 1.0
+# Conversations remembered per pipeline, the least recently answered forgotten first: a key and two floats each.
+CAPACITY = 4096
+
+
+@dataclass
+class _Turns:
+    last: float                     # when its latest answer ended (the clock's seconds)
+    interval: float | None = None   # its turns' spacing, smoothed
+    prompt: int | None = None       # its prompt's tokens at the latest look
+    in_time: bool = False           # at a look since its latest summary was spliced in, a start was in time
+
+
+class Pace:
+    """Each conversation's turn spacing, as this process has seen its answers."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, capacity: int = CAPACITY) -> None:
+        self._clock = clock
+        self._capacity = capacity
+        self._turns: OrderedDict[str, _Turns] = OrderedDict()
+
+    def answered(self, key: str) -> None:
+        """One more answer of conversation `key` ended now."""
+        now = self._clock()
+        turns = self._turns.pop(key, None)
+        if turns is None:
+            turns = _Turns(now)
+        else:
+            turns.interval = smoothed(turns.interval, max(0.0, now - turns.last))
+            turns.last = now
+        self._turns[key] = turns
+        while len(self._turns) > self._capacity:
+            self._turns.popitem(last=False)
+
+    def late(self, key: str, prompt: int, lead: int, growth: int, summary_seconds: float | None) -> bool:
+        """Whether conversation `key`'s next summary, taking about `summary_seconds`, must start now: its turns
+        (`growth` tokens each) reach the threshold `lead` tokens away before a later start would be done, and at an
+        earlier look since its prompt (`prompt` tokens) last shrank (a summary spliced in, old results cleared) a
+        start was still in time.
+
+        A conversation that was never in time (a client with no pause between turns) waits whatever the start: it is
+        left to the mark, where a summary costs least. False while the spacing or the summary's time is unknown, and
+        for a summariser quicker than MIN_LATE_SECONDS."""
+        turns = self._turns.get(key)
+        if turns is None or turns.interval is None or summary_seconds is None or summary_seconds < MIN_LATE_SECONDS:
+            return False
+        # The prompt shrinks only when the proxy made room (a splice, a clearing): a new cycle. The lead alone would
+        # also grow back when a large input is followed by a small one.
+        if turns.prompt is not None and prompt < turns.prompt:
+            turns.in_time = False
+        turns.prompt = prompt
+        if max(0, lead) / max(1, growth) * turns.interval >= MARGIN * summary_seconds:
+            turns.in_time = True
+            return False
+        return turns.in_time
+
+    def interval(self, key: str) -> float | None:
+        """Conversation `key`'s turn spacing, smoothed; None before its second answer."""
+        turns = self._turns.get(key)
+        return turns.interval if turns is not None else None
+
+
+def smoothed(earlier: float | None, latest: float) -> float:
+    """`latest` weighed against what came before (WEIGHT)."""
+    return latest if earlier is None else (1 - WEIGHT) * earlier + WEIGHT * latest
