@@ -85,10 +85,14 @@ def check(report: Report) -> list[str]:
     for kind in EXPECTED:
         if not report.tally.requests[kind]:
             failures.append(f"no {kind} request completed")
+    # A slow client dropped late is judged only while the proxy had a CPU: starved, its timers fire late (2.7 s for a
+    # 1 s limit, waiting for a CPU 49 % of the run). A limit not enforced at all still fails: the client then
+    # counts itself open, an outcome no kind expects.
+    starved = report.starved(0.0, report.seconds)
     for kind, limit_name in (("slowloris-head", "header_timeout"), ("slowloris-body", "body_timeout")):
         limit = report.limits.get(limit_name)
         slowest = max(report.tally.close_seconds.get(kind, [0.0]))
-        if limit is not None and slowest > limit + 1.5:
+        if limit is not None and slowest > limit + 1.5 and not starved:
             failures.append(f"a {kind} client stayed connected {slowest:.1f}s (server.{limit_name} is {limit}s)")
     if not any(value not in ("-", "none", "failed") for value in report.tally.compaction):
         failures.append(f"no request compacted (x-compaction seen: {dict(report.tally.compaction)})")

@@ -62,6 +62,26 @@ def test_the_figures_say_whether_the_target_was_met() -> None:
     assert "p99 target (50 ms): missed, 60.0 ms in [0s, 10s)" in text and text.endswith("PASS")
 
 
+@pytest.mark.parametrize(("closed", "waiting", "failed"), [
+    (1.2, 0.02, False),   # dropped at its limit
+    (2.7, 0.02, True),    # dropped late on a machine that gave the proxy a CPU: its timer is wrong
+    (2.7, 0.49, False),   # dropped late while the proxy waited for a CPU half the run
+])
+def test_a_slow_client_dropped_late_fails_the_soak_unless_the_proxy_was_starved(closed: float, waiting: float,
+                                                                                failed: bool) -> None:
+    run = report(FAST, waiting)
+    run.tally.close_seconds["slowloris-head"] = [1.0, closed]
+    failures = check(run)
+    assert failures == ([f"a slowloris-head client stayed connected {closed:.1f}s (server.header_timeout is 1.0s)"]
+                        if failed else [])
+
+
+def test_a_slow_client_never_dropped_fails_the_soak_even_starved() -> None:
+    run = report(FAST, 0.49)
+    run.tally.count("slowloris-head", "open")
+    assert check(run) == ["1 slowloris-head request(s) ended 'open', expected ['408', 'closed']"]
+
+
 def test_a_failed_probe_still_fails_the_soak() -> None:
     run = report(FAST)
     run.health[10] = [1.0, None, "ConnectionResetError"]
