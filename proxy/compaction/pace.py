@@ -29,7 +29,7 @@ class _Turns:
     last: float                     # when its latest answer ended (the clock's seconds)
     interval: float | None = None   # its turns' spacing, smoothed
     prompt: int | None = None       # its prompt's tokens at the latest look
-    in_time: bool = False           # at a look since its latest summary was spliced in, a start was in time
+    in_time: bool = False           # at a look since its prompt last shrank, a start was in time
 
 
 class Pace:
