@@ -132,10 +132,11 @@ async def _drive(proxy: ProxyProcess, upstream: Upstream, seconds: float, seed: 
     started = time.monotonic()
     deadline = started + seconds
     tally, samples = Tally(), Samples()
-    # Idle connections are kept for half the server's keep-alive: a request sent on one the server is closing at
-    # that moment ends in ServerDisconnectedError (the keep-alive race any HTTP client meets, which SDKs retry), and
-    # the soak counts what the proxy does, not the race.
-    connector = aiohttp.TCPConnector(limit=64, keepalive_timeout=float(limits.get("keepalive_timeout", 4.0)) / 2)
+    # Idle connections are kept for half the keep-alive the soak asks of the server (a proxy that does not know the
+    # setting keeps its longer default): a request sent on one the server is closing at that moment ends in
+    # ServerDisconnectedError (the keep-alive race any HTTP client meets, which SDKs retry), and the soak counts what
+    # the proxy does, not the race.
+    connector = aiohttp.TCPConnector(limit=64, keepalive_timeout=SERVER_LIMITS["keepalive_timeout"] / 2)
     async with aiohttp.ClientSession(connector=connector) as session:
         load = Load(proxy.url, session, tally, deadline, random.Random(seed), await asyncio.to_thread(gzip_bomb))
         janitor = asyncio.create_task(forget_periodically(upstream, deadline))
