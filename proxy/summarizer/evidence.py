@@ -45,6 +45,9 @@ MIN_ITEM_TOKENS = 8     # no entry is smaller: below this the room is spent
 # (two capitalised words), or a rule's word.
 FACT_CARRIER = re.compile(r"\d|\w[/.]\w|\w_\w|`|\b[A-Z][a-z]+ [A-Z][a-z]+\b|"
                           r"(?i:\b(?:never|must|mustn't|don't|do not|only|instead|always|forbidden|prohibited)\b)")
+# What else a change of mind's sentence may say that a decision does not record: a name, a rule, a condition.
+BEYOND_CHANGE = re.compile(r"\b[A-Z][a-z]+ [A-Z][a-z]+\b|(?i:\b(?:never|must|mustn't|don't|do not|only|always|"
+                           r"forbidden|prohibited|unless|except)\b)")
 # A line of settings as config files and `env` print them (`LEDGER_PORT=5432`, `timeout = 30`, `port: 8080`).
 SETTING = re.compile(r"[A-Za-z_][\w.\-]*[ \t]?(?:=[ \t]?[^=\s]|:[ \t]\S).*")
 MAX_SETTINGS_OUTPUT = 4096  # characters: a longer output is not a settings file a summary could carry
@@ -328,11 +331,26 @@ def complete(summary: StructuredSummary | None, text: str, evidence: Evidence, r
 
 
 def _stated_already(text: str, have: dict[str, str]) -> bool:
-    """Whether every sentence of a user's message that carries a fact stands, in the user's words, among the
-    constraints or the decisions' quotes: quoting the message again would spend the room twice on the same words."""
-    carrying = [normalised(sentence) for sentence in stated.sentences(text) if carries_facts(sentence)]
+    """Whether every sentence of a user's message that carries a fact stands in the current state: quoted among
+    the constraints or the decisions' quotes, or a change of mind whose values a decision records (an override
+    since overridden again: its words quoted would set the replaced value before the reader once more). Quoting
+    the message again would spend the room twice on the same facts."""
+    carrying = [sentence for sentence in stated.sentences(text) if carries_facts(sentence)]
     current = have["constraints"] + " " + have["decisions"]
-    return bool(carrying) and all(sentence in current for sentence in carrying)
+    return bool(carrying) and all(normalised(sentence) in current or _recorded(sentence, have["decisions"])
+                                  for sentence in carrying)
+
+
+def _recorded(sentence: str, decisions: str) -> bool:
+    """Whether `sentence` states changes of mind and no other fact, each with both its values named by the
+    decisions."""
+    changes = stated.sentence_overrides(sentence)
+    values = [value for change in changes for value in (change.old, change.new)]
+    rest = sentence
+    for value in values:
+        rest = rest.replace(value, "")
+    return bool(changes) and all(stated.mentions(decisions, value) for value in values) \
+        and not stated.EXACT.search(rest) and not BEYOND_CHANGE.search(rest)
 
 
 def _decision_text(decision: Decision) -> str:

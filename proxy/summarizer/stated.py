@@ -56,21 +56,23 @@ def sentences(text: str) -> list[str]:
 
 def stated_overrides(messages: Sequence[Message]) -> list[Override]:
     """Each change of mind the user stated in so many words, oldest first."""
+    return [found for message in messages if role(message) == "user"
+            for sentence in sentences(content_text(message.get("content")))
+            for found in sentence_overrides(sentence)]
+
+
+def sentence_overrides(sentence: str) -> list[Override]:
+    """The changes of mind one sentence states, in the order it states them."""
+    matches = [(match.start(), match, new_first) for pattern, new_first in zip(_OVERRIDES, _NEW_FIRST, strict=True)
+               for match in pattern.finditer(sentence)]
     found: list[Override] = []
-    for message in messages:
-        if role(message) != "user":
+    for _, match, new_first in sorted(matches, key=lambda candidate: candidate[0]):
+        first, second = _value(match.group(1), match.group(2)), _value(match.group(3), match.group(4))
+        if first is None or second is None:
             continue
-        for sentence in sentences(content_text(message.get("content"))):
-            matches = [(match.start(), match, new_first) for pattern, new_first in zip(_OVERRIDES, _NEW_FIRST,
-                                                                                       strict=True)
-                       for match in pattern.finditer(sentence)]
-            for _, match, new_first in sorted(matches, key=lambda found: found[0]):
-                first, second = _value(match.group(1), match.group(2)), _value(match.group(3), match.group(4))
-                if first is None or second is None:
-                    continue
-                new, old = (first, second) if new_first else (second, first)
-                if old.lower() != new.lower():
-                    found.append(Override(old, new, sentence))
+        new, old = (first, second) if new_first else (second, first)
+        if old.lower() != new.lower():
+            found.append(Override(old, new, sentence))
     return found
 
 

@@ -376,7 +376,8 @@ def test_what_a_placeholder_keeps_of_an_output(output: str, expected: str) -> No
 
 def test_the_rules_and_the_decisions_in_force_come_first_in_their_own_sections() -> None:
     history = [*HISTORY, {"role": "user", "content": "Change of plan: switch from snapfmt_b to snapfmt_c for the "
-                                                     "snapshots."}]
+                                                     "snapshots."},
+               {"role": "user", "content": "Dana Reyes reviews the snapshot code."}]
     room = COUNTER.count_text("Never touch third_party/vendored_1234/.") + 4
     rules_only, added = complete(None, "", gather(history), room, COUNTER.count_text)
     assert (rules_only.constraints, rules_only.decisions, rules_only.user_messages, added) == (
@@ -426,3 +427,44 @@ def test_a_user_message_whose_facts_the_current_state_quotes_is_not_quoted_again
     assert merged.user_messages == ((said,) if kept else ())
     text = normalised(merged.render())
     assert all(normalised(sentence) in text for sentence in stated.sentences(said) if carries_facts(sentence))
+
+
+@pytest.mark.parametrize(("earlier", "kept"), [
+    pytest.param("Good. One change: use snapfmt_b instead of snapfmt_a for the snapshots. Then carry on.", False,
+                 id="a change of mind since replaced: the decision records both values"),
+    pytest.param("Use snapfmt_b instead of snapfmt_a for the snapshots; Dana Reyes signs off.", True,
+                 id="a name beside the change: kept"),
+    pytest.param("Use snapfmt_b instead of snapfmt_a on ledger-staging-8.", True,
+                 id="a value beside the change: kept"),
+    pytest.param("Use snapfmt_b instead of snapfmt_a unless the export breaks.", True,
+                 id="a condition beside the change: kept"),
+])
+def test_an_earlier_change_of_mind_the_decision_records_is_not_quoted_again(earlier: str, kept: bool) -> None:
+    latest = "Change of plan: switch from snapfmt_b to snapfmt_c for the snapshots."
+    history = [HISTORY[0], {"role": "user", "content": earlier}, {"role": "user", "content": latest}]
+    merged, _ = complete(None, "", gather(history), 1000, COUNTER.count_text)
+    assert (earlier in merged.user_messages) is kept
+    assert latest not in merged.user_messages  # the decision's own quote
+    assert any(decision.current == "snapfmt_c" and {"snapfmt_a", "snapfmt_b"} <= set(decision.replaced)
+               for decision in merged.decisions)
+
+
+def test_a_change_of_mind_the_summary_does_not_record_is_quoted() -> None:
+    """Without the decision in the summary (no room for it), the user's words are the only record: kept."""
+    earlier = "Good. One change: use snapfmt_b instead of snapfmt_a for the snapshots."
+    history = [HISTORY[0], {"role": "user", "content": earlier}]
+    evidence = replace(gather(history), decisions=())
+    merged, _ = complete(None, "", evidence, 1000, COUNTER.count_text)
+    assert earlier in merged.user_messages
+
+
+@pytest.mark.parametrize(("sentence", "changes"), [
+    pytest.param("Use snapfmt_b instead of snapfmt_a.", [("snapfmt_a", "snapfmt_b")], id="use instead of"),
+    pytest.param("Switch from `v1.2` to `v1.3`, then replace pg-12 with pg-16.", [("v1.2", "v1.3"),
+                                                                                  ("pg-12", "pg-16")],
+                 id="two changes, in order"),
+    pytest.param("Use caching instead of polling.", [], id="no value-like words"),
+    pytest.param("Switch from snapfmt_a to snapfmt_a.", [], id="no change"),
+])
+def test_the_changes_of_mind_one_sentence_states(sentence: str, changes: list[tuple[str, str]]) -> None:
+    assert [(found.old, found.new) for found in stated.sentence_overrides(sentence)] == changes
