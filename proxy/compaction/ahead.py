@@ -38,7 +38,8 @@ class Ahead(Generic[C]):
         compaction = self._settings.compaction
         if not compaction.background:
             return
-        self._pace.answered(journey.conversation.backoff_key)
+        key = journey.conversation.backoff_key
+        self._pace.answered(key, prompt_tokens)
         next_input = last_input_tokens(self._tokens.messages(journey), self._tokens.message_tokens(journey))
         growth = budget.next_turn_growth(next_input, answer_tokens)
         limits, tokens = journey.limits, prompt_tokens + growth
@@ -63,9 +64,16 @@ class Ahead(Generic[C]):
             tokens = settled + growth
         lead = budget.lead_tokens(limits, tokens)
         # The summariser's time against the turns left (this conversation's pace): at the last turn a start is in
-        # time, the summary is prepared, mark or not, within a wider slack.
-        late = self._pace.late(journey.conversation.backoff_key, prompt_tokens, lead, growth,
-                               self._compactor.summary_seconds)
+        # time, the summary is prepared, mark or not, within a wider slack. A turn grows the prompt by more than its
+        # answer and input (the upstream's framing of items and calls): by what was measured, when it is more; the
+        # excess goes with the answer, which no clearing frees. A new cycle is told by a summary spliced in, not by
+        # a clearing: the turns after a clearing may be the last ones a start is in time. The mark and the plan
+        # keep the guess.
+        paced = max(growth, round(self._pace.growth(key) or 0))
+        late = self._pace.late(key, self._stages.conversation_tokens(journey), lead, paced,
+                               self._compactor.summary_seconds,
+                               passes=lambda rounds: self._stages.passes_ahead(journey, rounds, paced - next_input,
+                                                                               next_input))
         if late or budget.past_share(limits, tokens, share):
             # Planned for the growth it will meet before it is needed: up to the threshold (`lead`), and the turn
             # that passes it (the request that splices it in is past the threshold by up to a turn). When that

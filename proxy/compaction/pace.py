@@ -3,6 +3,7 @@ make it before the request that needs it."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -28,8 +29,10 @@ CAPACITY = 4096
 class _Turns:
     last: float                     # when its latest answer ended (the clock's seconds)
     interval: float | None = None   # its turns' spacing, smoothed
-    prompt: int | None = None       # its prompt's tokens at the latest look
-    in_time: bool = False           # at a look since its prompt last shrank, a start was in time
+    prompt: int | None = None       # its conversation's tokens (before any clearing) at the latest look
+    in_time: bool = False           # at a look since its conversation last shrank, a start was in time
+    answered: int | None = None     # its latest answered request's prompt tokens
+    growth: float | None = None     # what a turn adds to its prompt, smoothed over the turns that did not shrink it
 
 
 class Pace:
@@ -40,8 +43,8 @@ class Pace:
         self._capacity = capacity
         self._turns: OrderedDict[str, _Turns] = OrderedDict()
 
-    def answered(self, key: str) -> None:
-        """One more answer of conversation `key` ended now."""
+    def answered(self, key: str, prompt: int | None = None) -> None:
+        """One more answer of conversation `key` ended now, to a request of `prompt` tokens."""
         now = self._clock()
         turns = self._turns.pop(key, None)
         if turns is None:
@@ -49,15 +52,22 @@ class Pace:
         else:
             turns.interval = smoothed(turns.interval, max(0.0, now - turns.last))
             turns.last = now
+            # A prompt that shrank was made room in (a splice, a clearing): no turn's growth.
+            if prompt is not None and turns.answered is not None and prompt > turns.answered:
+                turns.growth = smoothed(turns.growth, float(prompt - turns.answered))
+        if prompt is not None:
+            turns.answered = prompt
         self._turns[key] = turns
         while len(self._turns) > self._capacity:
             self._turns.popitem(last=False)
 
-    def late(self, key: str, prompt: int, lead: int, growth: int, summary_seconds: float | None) -> bool:
+    def late(self, key: str, prompt: int, lead: int, growth: int, summary_seconds: float | None,
+             passes: Callable[[int], bool | None] | None = None) -> bool:
         """Whether conversation `key`'s next summary, taking about `summary_seconds`, must start now: its turns
         (`growth` tokens each) reach the threshold `lead` tokens away before a later start would be done, and at an
-        earlier look since its prompt (`prompt` tokens) last shrank (a summary spliced in, old results cleared) a
-        start was still in time.
+        earlier look since its conversation (`prompt` tokens, before any clearing) last shrank (a summary spliced in)
+        a start was still in time. `passes`, when given, says instead whether the request so many turns on passes
+        the threshold (what a clearing leaves is not a straight line of growth); None leaves it to the lead.
 
         A conversation that was never in time (a client with no pause between turns) waits whatever the start: it is
         left to the mark, where a summary costs least. False while the spacing or the summary's time is unknown, and
@@ -65,15 +75,24 @@ class Pace:
         turns = self._turns.get(key)
         if turns is None or turns.interval is None or summary_seconds is None or summary_seconds < MIN_LATE_SECONDS:
             return False
-        # The prompt shrinks only when the proxy made room (a splice, a clearing): a new cycle. The lead alone would
-        # also grow back when a large input is followed by a small one.
+        # The conversation shrinks only when a summary is spliced in: a new cycle. The lead alone would also grow
+        # back when a large input is followed by a small one, or old results are cleared.
         if turns.prompt is not None and prompt < turns.prompt:
             turns.in_time = False
         turns.prompt = prompt
-        if max(0, lead) / max(1, growth) * turns.interval >= MARGIN * summary_seconds:
+        needed = MARGIN * summary_seconds / max(turns.interval, 1e-3)  # turns a summary started now takes
+        # The request that would splice it in is the one `needed` turns after the next.
+        passing = passes(1 + math.ceil(needed)) if passes is not None else None
+        if not (passing if passing is not None else max(0, lead) / max(1, growth) < needed):
             turns.in_time = True
             return False
         return turns.in_time
+
+    def growth(self, key: str) -> float | None:
+        """What a turn of conversation `key` adds to its prompt, as measured (its answer resent, its next input, the
+        upstream's framing of both); None before two requests that grew."""
+        turns = self._turns.get(key)
+        return turns.growth if turns is not None else None
 
     def interval(self, key: str) -> float | None:
         """Conversation `key`'s turn spacing, smoothed; None before its second answer."""

@@ -75,6 +75,32 @@ class ToolStages:
         raw = sum(self._counter.count_each(cleared.messages)) + journey.overhead
         return self._calibration.adjust(journey.call.model, raw)
 
+    def passes_ahead(self, journey: Journey[Any], rounds: int, answer: int, following: int) -> bool | None:
+        """Whether a request within `rounds` turns (each an answer of `answer` tokens and an input of `following`,
+        the upstream's) passes the threshold, stage 1 replayed on the conversation as it will then be; None with
+        clearing off. A clearing moves only when it frees half its room, so what it leaves jumps from turn to turn,
+        and a request may pass the threshold turns before a clearing that would have made room again."""
+        config = self._settings.tool_results_for(journey.call.model).clear
+        if not config.enabled:
+            return None
+        model = journey.call.model
+        ratio = self._calibration.ratio(model)
+        messages = journey.conversation.messages
+        sizes = journey.conversation_tokens(self._counter.count_each)
+        added, added_sizes = clearing.rounds_ahead(messages, rounds, int(answer / ratio), int(following / ratio))
+        every = [*messages, *added]
+        ends = range(len(messages) + 2, len(every) + 1, 2)  # each round's request
+        weights = clearing.weights(every, _rule(config), self._counter.count_message,
+                                   room=self._own_room(journey, config, grown=0), sizes=[*sizes, *added_sizes],
+                                   ends=ends, untouchable=journey.conversation.synthetic, reported=self._reported)
+        return any(budget.over_threshold(journey.limits, self._calibration.adjust(model, weight + journey.overhead))
+                   for weight in weights)
+
+    def conversation_tokens(self, journey: Journey[Any]) -> int:
+        """What the conversation weighs before stage 1 (a summary spliced in, nothing cleared), in the counter's
+        tokens: it shrinks only when a summary is spliced in."""
+        return sum(journey.conversation_tokens(self._counter.count_each))
+
     def after_answer(self, journey: Journey[Any], headers: Mapping[str, str]) -> None:
         """Old tool rounds of the client's conversation summarised in the background when enough have gathered;
         with clearing on, not the rounds it replaced already without a summary."""
@@ -96,15 +122,18 @@ class ToolStages:
         config = self._settings.tool_results_for(journey.call.model).clear
         if not config.enabled:
             return None
-        # A client that asks for compaction at its own threshold hears of each one and drops what it stands for:
-        # its threshold brings the summary, clearing stays at the proxy's own room.
-        room = budget.clearing_room(journey.limits, config.trigger,
-                                    before_compaction=journey.call.compact_threshold is None) - grown
-        own_room = int(room / self._calibration.ratio(journey.call.model)) - journey.overhead
         conversation = journey.conversation
         return clearing.cleared(conversation.messages, _rule(config), self._counter.count_message,
-                                room=max(own_room, 0), untouchable=conversation.synthetic,
+                                room=self._own_room(journey, config, grown=grown), untouchable=conversation.synthetic,
                                 reported=self._reported, sizes=journey.conversation_tokens(self._counter.count_each))
+
+    def _own_room(self, journey: Journey[Any], config: ClearConfig, *, grown: int) -> int:
+        """The clearing's room less `grown`, in the counter's tokens (the unit the conversation is replayed in).
+        A client that asks for compaction at its own threshold hears of each one and drops what it stands for:
+        its threshold brings the summary, clearing stays at the proxy's own room."""
+        room = budget.clearing_room(journey.limits, config.trigger,
+                                    before_compaction=journey.call.compact_threshold is None) - grown
+        return max(int(room / self._calibration.ratio(journey.call.model)) - journey.overhead, 0)
 
     def _summarised(self, messages: list[Message], cleared: Cleared, swapped: Swapped) -> Cleared:
         """`cleared` with the rounds `swapped` holds as their summaries instead of placeholders; its own figures

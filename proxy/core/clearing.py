@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from proxy.core.messages import Message, content_text, role
@@ -72,13 +72,10 @@ def cleared(messages: Sequence[Message], rule: ClearingRule, count: Count, *, ro
     sizes = [count(message) for message in messages] if sizes is None else sizes
     if sum(sizes) <= room:  # the replay never passes the room: no cut, and no placeholder need be made
         return Cleared(list(messages))
-    results = [result for result in _results(messages)
-               if result.name not in rule.exclude_tools and result.index not in untouchable]
-    replaced = [{**messages[result.index], "content": placeholder(
-        result, sizes[result.index], reported(content_text(messages[result.index].get("content"))) if reported
-        else "")} for result in results]
-    saving = [sizes[result.index] - count(made) for result, made in zip(results, replaced, strict=True)]
-    cut = _cut(results, sizes, saving, rule, room)
+    results, replaced, saving = _clearable(messages, rule, count, untouchable, reported, sizes)
+    cut = 0
+    for step in _replay(results, sizes, saving, rule, room):
+        cut = step[1]
     if cut == 0:
         return Cleared(list(messages))
     sent = list(messages)
@@ -90,11 +87,38 @@ def cleared(messages: Sequence[Message], rule: ClearingRule, count: Count, *, ro
     return Cleared(sent, cut, freed, frozenset(result.index for result in results[:cut]))
 
 
-def _cut(results: list[_Result], sizes: Sequence[int], saving: list[int], rule: ClearingRule, room: int) -> int:
-    """How many of `results` are cleared: the conversation replayed message by message; whenever the total passes
-    `room`, the cut moves to all but the last results kept (`keep` at most, within a quarter of the room, the
-    latest round's always), if that frees `clear_at_least` and half the room — so a clearing is a large step, and
-    the conversation has half the room or more to grow back into before the next one."""
+def weights(messages: Sequence[Message], rule: ClearingRule, count: Count, *, room: int, sizes: Sequence[int],
+            ends: Collection[int], untouchable: Collection[int] = (), reported: Reported | None = None) -> list[int]:
+    """What `messages[:end]` weighs as `cleared` would leave it, for each of `ends` (1 to len(messages)) in
+    increasing order, in one replay: the clearing of a conversation's beginning is the clearing of the whole up to
+    there (its inputs' savings aside)."""
+    wanted = set(ends)
+    if sum(sizes) <= room:
+        return [sum(sizes[:end]) for end in sorted(wanted)]
+    results, _, saving = _clearable(messages, rule, count, untouchable, reported, sizes)
+    steps = enumerate(_replay(results, sizes, saving, rule, room), start=1)
+    return [total for end, (total, _) in steps if end in wanted]
+
+
+def _clearable(messages: Sequence[Message], rule: ClearingRule, count: Count, untouchable: Collection[int],
+               reported: Reported | None, sizes: Sequence[int]) -> tuple[list[_Result], list[Message], list[int]]:
+    """The results the rule may clear, their placeholders, and what each would free."""
+    results = [result for result in _results(messages)
+               if result.name not in rule.exclude_tools and result.index not in untouchable]
+    replaced = [{**messages[result.index], "content": placeholder(
+        result, sizes[result.index], reported(content_text(messages[result.index].get("content"))) if reported
+        else "")} for result in results]
+    saving = [sizes[result.index] - count(made) for result, made in zip(results, replaced, strict=True)]
+    return results, replaced, saving
+
+
+def _replay(results: list[_Result], sizes: Sequence[int], saving: list[int], rule: ClearingRule,
+            room: int) -> Iterator[tuple[int, int]]:
+    """The conversation replayed message by message, each step's tokens as cleared so far and how many of
+    `results` are cleared: whenever the total passes `room`, the cut moves to all but the last results kept
+    (`keep` at most, within a quarter of the room, the latest round's always), if that frees `clear_at_least` and
+    half the room — so a clearing is a large step, and the conversation has half the room or more to grow back into
+    before the next one."""
     saved = [0, *itertools.accumulate(saving)]  # saved[k]: what clearing the first k results frees
     least = max(rule.clear_at_least, room // 2, 1)
     cut = seen = total = 0
@@ -102,13 +126,12 @@ def _cut(results: list[_Result], sizes: Sequence[int], saving: list[int], rule: 
         total += size
         while seen < len(results) and results[seen].index <= index:
             seen += 1
-        if total <= room or seen == 0:
-            continue
-        target = max(seen - _kept(results[:seen], sizes, rule.keep, int(room * _KEPT_SHARE)), cut)
-        if saved[target] - saved[cut] >= least:
-            total -= saved[target] - saved[cut]
-            cut = target
-    return cut
+        if total > room and seen:
+            target = max(seen - _kept(results[:seen], sizes, rule.keep, int(room * _KEPT_SHARE)), cut)
+            if saved[target] - saved[cut] >= least:
+                total -= saved[target] - saved[cut]
+                cut = target
+        yield total, cut
 
 
 def _kept(results: list[_Result], sizes: Sequence[int], keep: int, room: int) -> int:
@@ -177,3 +200,29 @@ def _clear_inputs(sent: list[Message], results: list[_Result], count: Count) -> 
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+
+AHEAD_ID = "~ahead"  # the call ids of rounds_ahead's rounds: no client's id starts so
+
+
+def rounds_ahead(messages: Sequence[Message], rounds: int, answer: int,
+                 following: int) -> tuple[list[Message], list[int]]:
+    """`rounds` more turns after `messages`, each an answer of `answer` tokens and an input of `following`, shaped
+    like the latest: a call of the same tool and its result when the latest input is a tool's (the clearing may
+    clear those later), else an answer and a user's message. Returns the messages and their sizes, to replay a
+    clearing on the conversation as it will have grown."""
+    asked = next((message for message in reversed(messages) if role(message) != "tool"), None)
+    calls = asked.get("tool_calls") if asked is not None and role(messages[-1]) == "tool" else None
+    name = _name_and_arguments(calls[-1])[0] if isinstance(calls, list) and calls and isinstance(calls[-1], dict) \
+        else None
+    added: list[Message] = []
+    for turn in range(max(0, rounds)):
+        if name is None:
+            added += [{"role": "assistant", "content": "…"}, {"role": "user", "content": "…"}]
+            continue
+        call_id = f"{AHEAD_ID}{turn}"
+        added += [{"role": "assistant", "content": None,
+                   "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}]},
+                  {"role": "tool", "tool_call_id": call_id, "content": "…"}]
+    return added, [max(0, answer), max(0, following)] * max(0, rounds)

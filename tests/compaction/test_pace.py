@@ -122,3 +122,42 @@ def test_many_conversations_answering_in_turns_keep_their_own_spacing() -> None:
 ])
 def test_smoothed(earlier: float | None, latest: float, expected: float) -> None:
     assert smoothed(earlier, latest) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("lead", "passing", "late", "asked"), [
+    pytest.param(3000, [False, True], [False, True], [7, 7],
+                 id="a straight lead says 30 turns; the replay sees the clearing stop: late"),
+    pytest.param(100, [False, False], [False, False], [7, 7],
+                 id="the replay keeps it under: in time, whatever the lead"),
+    pytest.param(3000, [None, None], [False, False], [7, 7], id="no replay (clearing off): the lead decides"),
+    pytest.param(100, [True, True], [False, False], [7, 7], id="never in time by the replay: left to the mark"),
+])
+def test_a_replay_of_the_turns_ahead_decides_in_place_of_the_lead(
+        lead: int, passing: list[bool | None], late: list[bool], asked: list[int]) -> None:
+    pace, _ = paced([2.0])
+    rounds: list[int] = []
+
+    def passes(turns: int) -> bool | None:
+        rounds.append(turns)
+        return passing[len(rounds) - 1]
+
+    assert [pace.late("a", 5000 + turn, lead, GROWTH, 10.0, passes) for turn in range(2)] == late
+    # 1.2 x 10 s at 2 s a turn is 6 turns after the next request, which is one turn on.
+    assert rounds == asked
+
+
+@pytest.mark.parametrize(("prompts", "growth"), [
+    pytest.param([1000], None, id="one request: no growth yet"),
+    pytest.param([1000, 1600], 600.0, id="two: their difference"),
+    pytest.param([1000, 1600, 2600], 0.7 * 600 + 0.3 * 1000, id="smoothed"),
+    pytest.param([1000, 1600, 900, 1500], 600.0, id="a prompt that shrank (a splice, a clearing) is no turn's growth"),
+    pytest.param([None, None], None, id="no prompt told"),
+])
+def test_a_conversations_growth_per_turn(prompts: list[int | None], growth: float | None) -> None:
+    clock = Clock()
+    pace = Pace(clock)
+    for prompt in prompts:
+        clock.now += 2.0
+        pace.answered("a", prompt)
+    assert pace.growth("a") == pytest.approx(growth) if growth is not None else pace.growth("a") is None
+    assert pace.growth("b") is None

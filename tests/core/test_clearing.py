@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.core.clearing import ClearingRule, cleared
+from proxy.core.clearing import AHEAD_ID, ClearingRule, cleared, rounds_ahead, weights
 from proxy.core.messages import Message
 from proxy.dialects.messages_blocks import alternate, render
 from proxy.dialects.messages_blocks import view_of_messages as view_of_anthropic
@@ -239,3 +239,73 @@ def test_every_forwarded_conversation_stays_valid(rounds: list[tuple[int, int, b
             {key: value for key, value in after.items() if key != "content"}
         assert before == after or before["role"] == "tool"
     assert result.results == sum(flags(result.messages)) - sum(flags(messages))
+
+
+@pytest.mark.parametrize(("tail", "rounds", "roles", "cleared_tool"), [
+    pytest.param([{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c9", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c9", "content": "x"}], 2,
+        ["assistant", "tool", "assistant", "tool"], "read_file", id="a tool's input: rounds of the same tool"),
+    pytest.param([{"role": "user", "content": "go on"}], 2, ["assistant", "user", "assistant", "user"], None,
+                 id="a user's input: answers and user messages, nothing to clear"),
+    pytest.param([{"role": "user", "content": "go on"}], 0, [], None, id="no rounds"),
+])
+def test_the_rounds_ahead_are_shaped_like_the_latest(tail: list[dict[str, object]], rounds: int, roles: list[str],
+                                                     cleared_tool: str | None) -> None:
+    added, sizes = rounds_ahead([{"role": "system", "content": "s"}, *tail], rounds, 30, 400)
+    assert [message["role"] for message in added] == roles
+    assert sizes == [30, 400] * rounds
+    calls = [call for message in added for call in message.get("tool_calls") or ()]
+    assert {call["function"]["name"] for call in calls} == ({cleared_tool} if cleared_tool else set())
+    assert all(call["id"].startswith(AHEAD_ID) for call in calls)
+    assert len({call["id"] for call in calls}) == len(calls)
+
+
+def _round(number: int, result: int) -> tuple[list[Message], list[int]]:
+    call = {"id": f"c{number}", "type": "function", "function": {"name": "run", "arguments": ""}}
+    return ([{"role": "assistant", "content": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": f"c{number}", "content": "x" * result}], [30, result])
+
+
+@pytest.mark.parametrize("ahead", [1, 3, 6, 12])
+def test_a_replay_on_the_rounds_ahead_is_the_replay_on_those_rounds_once_they_came(ahead: int) -> None:
+    """What the pace asks: the clearing on a conversation grown by rounds like the latest is what it will be when
+    such rounds have come, though a move frees half the room and what it leaves jumps from turn to turn."""
+    messages: list[Message] = [{"role": "user", "content": "fix it"}]
+    sizes = [20]
+    for number in range(14):
+        grown, grown_sizes = _round(number, 400)
+        messages, sizes = [*messages, *grown], [*sizes, *grown_sizes]
+
+    def count(message: Message) -> int:  # a placeholder is 10 tokens whatever it names
+        return 10
+
+    rule = ClearingRule(keep=4)
+    added, added_sizes = rounds_ahead(messages, ahead, 30, 400)
+    replayed = cleared([*messages, *added], rule, count, room=3000, sizes=[*sizes, *added_sizes])
+    came, came_sizes = list(messages), list(sizes)
+    for number in range(14, 14 + ahead):
+        grown, grown_sizes = _round(number, 400)
+        came, came_sizes = [*came, *grown], [*came_sizes, *grown_sizes]
+    real = cleared(came, rule, count, room=3000, sizes=came_sizes)
+    assert (replayed.results, replayed.freed) == (real.results, real.freed)
+    assert sum(came_sizes) == sum(sizes) + sum(added_sizes)
+
+
+@given(rounds=tool_messages, keep=st.integers(0, 6), room=st.integers(0, 3000), least=st.integers(0, 500))
+def test_one_replay_weighs_every_beginning_as_its_own_clearing_would(
+        rounds: list[tuple[int, int, bool]], keep: int, room: int, least: int) -> None:
+    messages: list[Message] = [{"role": "user", "content": "go"}]
+    for turn, (parallel, size, interrupted) in enumerate(rounds):
+        calls = [{"id": f"c{turn}_{n}", "function": {"name": "t", "arguments": "{}"}} for n in range(parallel)]
+        messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+        messages += [{"role": "tool", "tool_call_id": call["id"], "content": "r" * size} for call in calls]
+        if interrupted:
+            messages.append({"role": "user", "content": "and?"})
+    rule = ClearingRule(keep=keep, clear_at_least=least)
+    sizes = [count(message) for message in messages]
+    ends = range(1, len(messages) + 1)
+    each = [sum(sizes[:end]) - cleared(messages[:end], rule, count, room=room).freed for end in ends]
+    assert weights(messages, rule, count, room=room, sizes=sizes, ends=ends) == each
+    assert weights(messages, rule, count, room=room, sizes=sizes, ends=[len(messages), 1, 1]) == \
+        [each[end - 1] for end in sorted({1, len(messages)})]  # in increasing order, once each
