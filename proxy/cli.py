@@ -25,7 +25,7 @@ from proxy.log_filters import mask_url
 from proxy.log_format import formatter as log_formatter
 from proxy.log_limits import install as install_repeat_limits
 from proxy.reload import Reloader
-from proxy.workers import supervise
+from proxy.workers import CANNOT_LISTEN, supervise
 
 log = logging.getLogger("proxy")
 # Soft open-files limit asked for when the hard limit is unlimited (macOS refuses more than its kernel maximum).
@@ -219,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             runner.run(serve(settings, args))
     except CannotListen as error:
         print(error, file=sys.stderr)
-        return 1
+        return CANNOT_LISTEN if args.supervisor_pid is not None else 1
     return 0
 
 

@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 # A worker that exits this soon after it started did not start (port taken, config gone): starting it again
 # would fail the same way, so the supervisor stops instead of looping.
 START_SECONDS = 5.0
+# A worker's exit code for "the port could not be opened": it did not start however long it took to find out (an
+# interpreter's imports alone take seconds on a busy machine), so the supervisor stops instead of starting another.
+CANNOT_LISTEN = 69  # EX_UNAVAILABLE
 RESPAWN_DELAY_SECONDS = 1.0
 # Beyond the grace period, how long the workers get to cancel what is left and exit before they are killed.
 EXIT_MARGIN_SECONDS = 10.0
@@ -121,7 +124,7 @@ class Supervisor:
         process = self._workers[index]
         self._forget(process)
         lived = time.monotonic() - self._started[index]
-        if lived < START_SECONDS:
+        if lived < START_SECONDS or process.returncode == CANNOT_LISTEN:
             log.error("worker-%d (pid %d) exited with %s %.1f s after it started: stopping", index, process.pid,
                       process.returncode, lived)
             return False

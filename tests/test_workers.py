@@ -3,6 +3,7 @@ whichever worker answers the scrape, SIGHUP reaches them all, and SIGTERM stops 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import re
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -18,6 +20,7 @@ import yaml
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.workers import CANNOT_LISTEN, START_SECONDS, Supervisor
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.ports import free_port
 from tests.proxy_process import ProxyProcess, clean_env, proxy_process
@@ -158,6 +161,34 @@ async def test_workers_that_cannot_start_stop_the_supervisor(tmp_path: Path, fak
     assert code == 1, proxy.output()
     output = proxy.output()
     assert "after it started: stopping" in output and "cannot listen" in output and "Traceback" not in output
+
+
+@pytest.mark.parametrize(("supervised", "code"), [(True, CANNOT_LISTEN), (False, 1)], ids=["a worker", "alone"])
+def test_a_port_that_cannot_be_opened_has_its_own_exit_code_for_the_supervisor(
+        tmp_path: Path, supervised: bool, code: int) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        extra = ["--supervisor-pid", str(os.getpid())] if supervised else []
+        result = subprocess.run([sys.executable, "-m", "proxy", "--host", "127.0.0.1", "--port", str(port), *extra],
+                                capture_output=True, text=True, timeout=120, env=clean_env(), check=False)
+    assert result.returncode == code and "cannot listen" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("exit_code", "lived"), [
+    pytest.param(CANNOT_LISTEN, START_SECONDS * 12, id="could not listen, however long it took to start (busy)"),
+    pytest.param(1, START_SECONDS / 10, id="any failure within its first seconds"),
+])
+async def test_a_worker_that_never_started_stops_the_supervisor(tmp_path: Path, exit_code: int, lived: float) -> None:
+    """Under load an interpreter takes more than START_SECONDS to import and find its port taken: before its own
+    exit code, the supervisor took it for a worker that had run, and started another, and another."""
+    args = argparse.Namespace(workers=1, config=None)
+    supervisor = Supervisor(args, free_port(), tmp_path, 1.0)
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", f"raise SystemExit({exit_code})")
+    await process.wait()
+    supervisor._workers[0], supervisor._started[0] = process, time.monotonic() - lived
+    assert await supervisor._replace(0) is False  # stop: no worker is started in its place
 
 
 @pytest.mark.parametrize(("args", "code", "message"), [
