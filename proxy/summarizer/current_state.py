@@ -170,6 +170,8 @@ def _current_decisions(decisions: tuple[Decision, ...], replaced: dict[str, str]
         if now is not None and now.lower() in replaced and replaced[now.lower()]:
             corrections.append(Correction("decisions", "decision_current", _short(now)))
             decision = Decision(decision.topic, replaced[now.lower()], (*decision.replaced, now), decision.said)
+        elif now is not None and _names_replaced(now, replaced, "decisions", corrections):
+            continue  # "use B instead of A", written when B was chosen and B replaced since: the user's chain says it
         fixed.append(decision)
     return tuple(fixed)
 

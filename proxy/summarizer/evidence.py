@@ -41,13 +41,11 @@ MAX_USER_CHARS = 1200   # one user message: past this its middle goes
 MAX_CONCLUSION_CHARS = 600
 ELLIPSIS = " […] "
 MIN_ITEM_TOKENS = 8     # no entry is smaller: below this the room is spent
+MIN_HELD_CHARS = 12     # a model's entry shorter than this ("tests", "e") is in an added one by chance, not held
 # What makes a user's message carry facts: a number, a path or dotted name, an identifier, a quoted value, a name
 # (two capitalised words), or a rule's word.
 FACT_CARRIER = re.compile(r"\d|\w[/.]\w|\w_\w|`|\b[A-Z][a-z]+ [A-Z][a-z]+\b|"
                           r"(?i:\b(?:never|must|mustn't|don't|do not|only|instead|always|forbidden|prohibited)\b)")
-# What else a change of mind's sentence may say that a decision does not record: a name, a rule, a condition.
-BEYOND_CHANGE = re.compile(r"\b[A-Z][a-z]+ [A-Z][a-z]+\b|(?i:\b(?:never|must|mustn't|don't|do not|only|always|"
-                           r"forbidden|prohibited|unless|except)\b)")
 # A line of settings as config files and `env` print them (`LEDGER_PORT=5432`, `timeout = 30`, `port: 8080`).
 SETTING = re.compile(r"[A-Za-z_][\w.\-]*[ \t]?(?:=[ \t]?[^=\s]|:[ \t]\S).*")
 MAX_SETTINGS_OUTPUT = 4096  # characters: a longer output is not a settings file a summary could carry
@@ -295,7 +293,8 @@ def complete(summary: StructuredSummary | None, text: str, evidence: Evidence, r
     and up to `exact_room` more for exact values (the user's words, errors, settings, files changed).
 
     Returns it and how many entries were added. Entries are whole or absent, most important first; one that
-    does not fit is passed over for smaller ones after it.
+    does not fit is passed over for smaller ones after it. What the model wrote that an added entry holds whole is
+    left out, and the room it took goes to the entries after.
     """
     base = summary or StructuredSummary()
     # The current state is looked for in its own sections: the user's words quoted under User Messages do not
@@ -304,6 +303,8 @@ def complete(summary: StructuredSummary | None, text: str, evidence: Evidence, r
             "decisions": normalised(" ".join(_decision_text(decision) for decision in base.decisions))}
     fields: dict[str, list[Any]] = {"user_messages": [], "errors_and_fixes": [], "problem_solving": [],
                                     "files": [], "constraints": [], "decisions": []}
+    held: dict[str, set[int]] = {"decisions": set(), "user_messages": set(), "errors_and_fixes": set()}
+    superseded = {value.casefold() for decision in evidence.decisions for value in decision.replaced}
     added = spent = 0
     for item in _items(evidence):
         limit = room + max(0, exact_room) if item.exact else room
@@ -313,44 +314,70 @@ def complete(summary: StructuredSummary | None, text: str, evidence: Evidence, r
         cost = count(written) + (8 if item.code else 4)  # bullets, fences, breaks
         section = item.field if item.field in have else ""
         if spent + cost > limit or not _missing(item, have[section]) or \
-                (item.field == "user_messages" and _stated_already(item.text, have)):
+                (item.field == "user_messages" and _stated_already(item.text, have, superseded)):
             continue
-        spent += cost
+        spent += cost - _held(item, base, held, count)
         added += 1
         have[section] += " " + normalised(_decision_text(item.decision) if item.decision else
                                           f"{item.text} {item.detail} {item.code}")
         fields[item.field].append(FileNote(item.text, item.detail or None, item.code or None)
                                   if item.field == "files" else item.decision or item.text)
-    merged = replace(base, decisions=(*fields["decisions"], *base.decisions),
+    merged = replace(base, decisions=(*fields["decisions"], *_kept(base.decisions, held["decisions"])),
                      constraints=(*fields["constraints"], *base.constraints),
-                     user_messages=(*base.user_messages, *reversed(fields["user_messages"])),
-                     errors_and_fixes=(*base.errors_and_fixes, *fields["errors_and_fixes"]),
+                     user_messages=(*_kept(base.user_messages, held["user_messages"]),
+                                    *reversed(fields["user_messages"])),
+                     errors_and_fixes=(*_kept(base.errors_and_fixes, held["errors_and_fixes"]),
+                                       *fields["errors_and_fixes"]),
                      problem_solving=(*base.problem_solving, *fields["problem_solving"]),
                      files=_merged_files(base.files, fields["files"]))
     return merged, added
 
 
-def _stated_already(text: str, have: dict[str, str]) -> bool:
+def _held(item: _Item, base: StructuredSummary, held: dict[str, set[int]], count: Callable[[str], int]) -> int:
+    """What the model wrote that the entry added holds whole (its cut-off quote of the same user message, the
+    command it named of the same failure, its note of the decision the user's words state), marked in `held` to
+    be left out; returns the tokens that frees for later entries."""
+    if item.field not in held:
+        return 0
+    written: tuple[Any, ...] = getattr(base, item.field)
+    freed = 0
+    for index, entry in enumerate(written):
+        if index in held[item.field]:
+            continue
+        if isinstance(entry, Decision):
+            if not (entry.current and item.decision and item.decision.current
+                    and stated.mentions(entry.current, item.decision.current)):
+                continue
+            text = _decision_text(entry)
+        elif not (isinstance(entry, str) and len(_squeezed(entry)) >= MIN_HELD_CHARS
+                  and _squeezed(entry) in _squeezed(item.text)):
+            continue
+        else:
+            text = entry
+        held[item.field].add(index)
+        freed += count(text) + 4
+    return freed
+
+
+def _squeezed(text: str) -> str:
+    """Text without its spaces, case folded: a model's copy drops a space after a semicolon."""
+    return "".join(text.split()).casefold()
+
+
+def _kept(entries: tuple[Any, ...], held: set[int]) -> tuple[Any, ...]:
+    return tuple(entry for index, entry in enumerate(entries) if index not in held)
+
+
+def _stated_already(text: str, have: dict[str, str], superseded: set[str]) -> bool:
     """Whether every sentence of a user's message that carries a fact stands in the current state: quoted among
-    the constraints or the decisions' quotes, or a change of mind whose values a decision records (an override
-    since overridden again: its words quoted would set the replaced value before the reader once more). Quoting
-    the message again would spend the room twice on the same facts."""
+    the constraints or the decisions' quotes, or a change of mind overridden again since (its new value among those
+    a decision marks replaced) whose values the decisions name: its words quoted would set the replaced value
+    before the reader once more. Quoting the message again would spend the room twice on the same facts."""
     carrying = [sentence for sentence in stated.sentences(text) if carries_facts(sentence)]
     current = have["constraints"] + " " + have["decisions"]
-    return bool(carrying) and all(normalised(sentence) in current or _recorded(sentence, have["decisions"])
+    return bool(carrying) and all(normalised(sentence) in current
+                                  or stated.recorded_change(sentence, have["decisions"], superseded)
                                   for sentence in carrying)
-
-
-def _recorded(sentence: str, decisions: str) -> bool:
-    """Whether `sentence` states changes of mind and no other fact, each with both its values named by the
-    decisions."""
-    changes = stated.sentence_overrides(sentence)
-    values = [value for change in changes for value in (change.old, change.new)]
-    rest = sentence
-    for value in values:
-        rest = rest.replace(value, "")
-    return bool(changes) and all(stated.mentions(decisions, value) for value in values) \
-        and not stated.EXACT.search(rest) and not BEYOND_CHANGE.search(rest)
 
 
 def _decision_text(decision: Decision) -> str:

@@ -37,6 +37,9 @@ EXACT = re.compile(r"\d|\w[_/.:@-]\w|/$")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(])|\n+")
 _BULLET = re.compile(r"^[-*] +")
 MAX_SENTENCE_CHARS = 300  # past this a "sentence" is a paragraph: it is the user's message, not a rule
+# What else a change of mind's sentence may say that a decision does not record: a name, a rule, a condition.
+BEYOND_CHANGE = re.compile(r"\b[A-Z][a-z]+ [A-Z][a-z]+\b|(?i:\b(?:never|must|mustn't|don't|do not|only|always|"
+                           r"forbidden|prohibited|unless|except)\b)")
 MAX_STATED = 16           # decisions and rules each: a conversation of hundreds of rules keeps its latest
 
 
@@ -141,3 +144,16 @@ def rules(messages: Sequence[Message]) -> tuple[str, ...]:
 def mentions(text: str, value: str) -> bool:
     """Whether `text` names `value` as a whole token (`v1.2` is not named by `v1.2.3`), in any case."""
     return bool(value) and re.search(rf"(?<![\w.-]){re.escape(value)}(?![\w-]|\.\w)", text, re.IGNORECASE) is not None
+
+
+def recorded_change(sentence: str, decisions: str, superseded: set[str]) -> bool:
+    """Whether `sentence` states changes of mind since superseded and no other fact, each with both its values
+    named by the decisions."""
+    changes = sentence_overrides(sentence)
+    values = [value for change in changes for value in (change.old, change.new)]
+    rest = sentence
+    for value in values:
+        rest = rest.replace(value, "")
+    return bool(changes) and all(change.new.casefold() in superseded for change in changes) \
+        and all(mentions(decisions, value) for value in values) \
+        and not EXACT.search(rest) and not BEYOND_CHANGE.search(rest)

@@ -57,6 +57,24 @@ def test_a_decision_naming_the_replaced_value_names_its_replacement() -> None:
     assert (correction.field, correction.rule) == ("decisions", "decision_current")
 
 
+TWICE = [*HISTORY, {"role": "user", "content": "Change of plan again: switch from snapfmt_new_2 to snapfmt_last_3."}]
+
+
+@pytest.mark.parametrize(("current", "kept"), [
+    pytest.param("use snapfmt_new_2 instead of snapfmt_old_1", False,
+                 id="the first change as current, written after the second replaced it: dropped"),
+    pytest.param("snapshots in snapfmt_new_2", False, id="a replaced value inside a longer current: dropped"),
+    pytest.param("snapfmt_last_3, no longer snapfmt_new_2", True, id="names what replaced it: kept"),
+    pytest.param("the migration is named 1416_add_index", True, id="another decision: kept"),
+])
+def test_a_decision_whose_current_text_names_a_replaced_value_is_dropped(current: str, kept: bool) -> None:
+    history = [*TWICE, {"role": "user", "content": "Name the migration 1416_add_index."}]
+    summary = StructuredSummary(decisions=(Decision("snapshots", current),))
+    fixed, corrections = corrected(summary, history)
+    assert (fixed.decisions == summary.decisions) is kept
+    assert [(c.field, c.rule) for c in corrections] == ([] if kept else [("decisions", "replaced_value")])
+
+
 def test_the_models_own_decisions_police_the_other_fields() -> None:
     summary = StructuredSummary(decisions=(Decision("db", "Postgres", ("SQLite",)),),
                                 current_work="Creating the SQLite schema.", next_step="Test on Postgres.")

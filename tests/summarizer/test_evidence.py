@@ -458,6 +458,16 @@ def test_a_change_of_mind_the_summary_does_not_record_is_quoted() -> None:
     assert earlier in merged.user_messages
 
 
+def test_the_words_of_the_change_still_current_are_quoted_though_the_models_decision_names_its_values() -> None:
+    """The model's decision names both values, so the user's own (with the quote) is not added; the user's words
+    are then the only quote of the decision in force, and stay."""
+    latest = "One change: use snapfmt_b instead of snapfmt_a for the snapshots."
+    summary = StructuredSummary(decisions=(Decision("snapshot format", "snapfmt_b", ("snapfmt_a",)),))
+    merged, _ = complete(summary, summary.render(), gather([HISTORY[0], {"role": "user", "content": latest}]),
+                         1000, COUNTER.count_text)
+    assert merged.decisions == summary.decisions and latest in merged.user_messages
+
+
 @pytest.mark.parametrize(("sentence", "changes"), [
     pytest.param("Use snapfmt_b instead of snapfmt_a.", [("snapfmt_a", "snapfmt_b")], id="use instead of"),
     pytest.param("Switch from `v1.2` to `v1.3`, then replace pg-12 with pg-16.", [("v1.2", "v1.3"),
@@ -468,3 +478,51 @@ def test_a_change_of_mind_the_summary_does_not_record_is_quoted() -> None:
 ])
 def test_the_changes_of_mind_one_sentence_states(sentence: str, changes: list[tuple[str, str]]) -> None:
     assert [(found.old, found.new) for found in stated.sentence_overrides(sentence)] == changes
+
+
+PEOPLE = "Lena Lindqvist reviews every change to ledger-sync; Len Lindqvist owns ledger-sink. Do not mix them up."
+SWITCH = "Change of plan: switch from snapfmt_b to snapfmt_c for the snapshots."
+
+
+@pytest.mark.parametrize(("written", "left"), [
+    pytest.param(StructuredSummary(user_messages=("Lena Lindqvist reviews every change to ledger-sync;Len",)),
+                 StructuredSummary(), id="a cut-off quote of the message added whole"),
+    pytest.param(StructuredSummary(errors_and_fixes=("`pytest tests/payments -q`",)), StructuredSummary(),
+                 id="the command of the failure added with its output"),
+    pytest.param(StructuredSummary(errors_and_fixes=("pytest tests/payments -q",)), StructuredSummary(),
+                 id="the same, without backticks"),
+    pytest.param(StructuredSummary(decisions=(Decision("current", "snapshots are written in snapfmt_c"),)),
+                 StructuredSummary(), id="the model's note of the decision the user's words state"),
+    pytest.param(StructuredSummary(user_messages=("Lena reviews the sync",), errors_and_fixes=("E7: other",),
+                                   decisions=(Decision("migration", "1416_add_index"),)),
+                 StructuredSummary(user_messages=("Lena reviews the sync",), errors_and_fixes=("E7: other",),
+                                   decisions=(Decision("migration", "1416_add_index"),)),
+                 id="entries the added ones do not hold: kept"),
+])
+def test_what_the_model_wrote_that_an_added_entry_holds_whole_is_left_out(
+        written: StructuredSummary, left: StructuredSummary) -> None:
+    history = [*HISTORY, {"role": "user", "content": PEOPLE}, {"role": "user", "content": SWITCH}]
+    merged, _ = complete(written, written.render(), gather(history), 2000, COUNTER.count_text)
+    added = complete(None, "", gather(history), 2000, COUNTER.count_text)[0]
+    assert merged.user_messages == (*left.user_messages, *added.user_messages)
+    assert merged.errors_and_fixes == (*left.errors_and_fixes, *added.errors_and_fixes)
+    assert merged.decisions == (*added.decisions, *left.decisions)
+
+
+def test_the_room_a_left_out_entry_took_goes_to_the_entries_after_it() -> None:
+    """A model's cut-off quote and bare command cost room the whole entries then spend again; left out, that room
+    takes a file changed that did not fit (the helper's name, lost after three compactions in the bench)."""
+    history = [*HISTORY, {"role": "user", "content": PEOPLE}]
+    written = StructuredSummary(user_messages=("Lena Lindqvist reviews every change to ledger-sync;Len",),
+                                errors_and_fixes=("pytest tests/payments -q",))
+    evidence = gather(history)
+
+    def has_file(summary: StructuredSummary) -> bool:
+        return any(note.path == "src/payments/ledger.py" and "round_half" in (note.summary or "")
+                   for note in summary.files)
+
+    # The most room in which the whole entries before it leave the file changed out.
+    room = max(room for room in range(10, 400) if not has_file(complete(None, "", evidence, room,
+                                                                          COUNTER.count_text)[0]))
+    assert not has_file(complete(StructuredSummary(), "", evidence, room, COUNTER.count_text)[0])
+    assert has_file(complete(written, written.render(), evidence, room, COUNTER.count_text)[0])
