@@ -222,9 +222,8 @@ def test_a_responses_conversation_keeps_its_pairing_after_clearing() -> None:
 tool_messages = st.lists(st.tuples(st.integers(1, 3), st.integers(0, 800), st.booleans()), max_size=15)
 
 
-@given(rounds=tool_messages, keep=st.integers(0, 6), room=st.integers(0, 3000), least=st.integers(0, 500))
-def test_every_forwarded_conversation_stays_valid(rounds: list[tuple[int, int, bool]], keep: int, room: int,
-                                                  least: int) -> None:
+def generated(rounds: list[tuple[int, int, bool]]) -> list[Message]:
+    """A tool loop from (parallel calls, result size, interrupted by the user) per round."""
     messages: list[Message] = [{"role": "user", "content": "go"}]
     for turn, (parallel, size, interrupted) in enumerate(rounds):
         calls = [{"id": f"c{turn}_{n}", "function": {"name": "t", "arguments": "{}"}} for n in range(parallel)]
@@ -232,6 +231,13 @@ def test_every_forwarded_conversation_stays_valid(rounds: list[tuple[int, int, b
         messages += [{"role": "tool", "tool_call_id": call["id"], "content": "r" * size} for call in calls]
         if interrupted:
             messages.append({"role": "user", "content": "and?"})
+    return messages
+
+
+@given(rounds=tool_messages, keep=st.integers(0, 6), room=st.integers(0, 3000), least=st.integers(0, 500))
+def test_every_forwarded_conversation_stays_valid(rounds: list[tuple[int, int, bool]], keep: int, room: int,
+                                                  least: int) -> None:
+    messages = generated(rounds)
     result = cleared(messages, ClearingRule(keep=keep, clear_at_least=least), count, room=room)
     assert len(result.messages) == len(messages)
     for before, after in zip(messages, result.messages, strict=True):
@@ -295,13 +301,7 @@ def test_a_replay_on_the_rounds_ahead_is_the_replay_on_those_rounds_once_they_ca
 @given(rounds=tool_messages, keep=st.integers(0, 6), room=st.integers(0, 3000), least=st.integers(0, 500))
 def test_one_replay_weighs_every_beginning_as_its_own_clearing_would(
         rounds: list[tuple[int, int, bool]], keep: int, room: int, least: int) -> None:
-    messages: list[Message] = [{"role": "user", "content": "go"}]
-    for turn, (parallel, size, interrupted) in enumerate(rounds):
-        calls = [{"id": f"c{turn}_{n}", "function": {"name": "t", "arguments": "{}"}} for n in range(parallel)]
-        messages.append({"role": "assistant", "content": None, "tool_calls": calls})
-        messages += [{"role": "tool", "tool_call_id": call["id"], "content": "r" * size} for call in calls]
-        if interrupted:
-            messages.append({"role": "user", "content": "and?"})
+    messages = generated(rounds)
     rule = ClearingRule(keep=keep, clear_at_least=least)
     sizes = [count(message) for message in messages]
     ends = range(1, len(messages) + 1)
