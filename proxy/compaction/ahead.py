@@ -57,6 +57,8 @@ class Ahead(Generic[C]):
         share = compaction.prepare_share
         if share is None:
             return
+        if not budget.past_share(limits, tokens, share) and not self._pace.judges(key, self._compactor.summary_seconds):
+            return  # neither the mark (what the clearing leaves is no more) nor the pace can start one: no replay
         # With stage 1 on, the prompt falls back whenever old results are cleared: a summary is needed only when
         # what the clearing leaves passes the threshold, so the mark and the lead are measured on that.
         settled = self._stages.settled_tokens(journey, growth + budget.lead_tokens(limits, tokens))

@@ -73,7 +73,8 @@ class Pace:
         left to the mark, where a summary costs least. False while the spacing or the summary's time is unknown, and
         for a summariser quicker than MIN_LATE_SECONDS."""
         turns = self._turns.get(key)
-        if turns is None or turns.interval is None or summary_seconds is None or summary_seconds < MIN_LATE_SECONDS:
+        if turns is None or turns.interval is None or summary_seconds is None \
+                or not self.judges(key, summary_seconds):
             return False
         # The conversation shrinks only when a summary is spliced in: a new cycle. The lead alone would also grow
         # back when a large input is followed by a small one, or old results are cleared.
@@ -87,6 +88,13 @@ class Pace:
             turns.in_time = True
             return False
         return turns.in_time
+
+    def judges(self, key: str, summary_seconds: float | None) -> bool:
+        """Whether `late` can be anything but False for conversation `key`: its spacing and the summary's time are
+        known, and the summary is slow enough to matter."""
+        turns = self._turns.get(key)
+        return turns is not None and turns.interval is not None and summary_seconds is not None \
+            and summary_seconds >= MIN_LATE_SECONDS
 
     def growth(self, key: str) -> float | None:
         """What a turn of conversation `key` adds to its prompt, as measured (its answer resent, its next input, the

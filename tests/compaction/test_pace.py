@@ -63,6 +63,20 @@ def test_a_summary_is_late_at_the_last_turn_a_start_is_in_time(
     assert MARGIN == 1.2  # the ids above count with it
 
 
+@pytest.mark.parametrize(("gaps", "summary", "judges"), [
+    pytest.param([2.0], 10.0, True, id="spacing and a slow summary known"),
+    pytest.param([2.0], 0.9, False, id="a summariser under a second"),
+    pytest.param([2.0], None, False, id="no summary timed yet"),
+    pytest.param([], 10.0, False, id="spacing unknown"),
+])
+def test_the_pace_judges_only_what_it_can_find_late(gaps: list[float], summary: float | None, judges: bool) -> None:
+    pace, _ = paced(gaps)
+    assert pace.judges("a", summary) is judges
+    assert not pace.judges("unseen", 10.0)
+    # Never late where it does not judge, whatever the lead.
+    assert judges or not any(pace.late("a", THRESHOLD - lead, lead, GROWTH, summary) for lead in (1400, 0, -50))
+
+
 def test_a_lead_that_grows_back_while_the_prompt_grows_is_the_same_cycle() -> None:
     """A large input then a small one: the next turn's growth is guessed smaller, the lead grows, nothing shrank."""
     pace, _ = paced([2.0])
