@@ -41,6 +41,11 @@ COUNTS = {TOKENS_BEFORE: "tokens_before", TOKENS_AFTER: "tokens_after", SHADOW_T
 _REASON = re.compile(r"[a-z_]{1,40}")
 _ID = re.compile(r"[0-9a-f]{1,64}")
 _MAX_DIGITS = 12
+# Each header logged, by its lower-cased name: its field, and the values it may have (None: a whole number).
+_LOGGED: dict[str, tuple[str, frozenset[str] | re.Pattern[str] | None]] = {
+    COMPACTION: ("compaction", OUTCOMES), SHADOW: ("compaction_shadow", SHADOW_DECISIONS),
+    **{header: (name, None) for header, name in COUNTS.items()},
+    COMPACTION_ID: ("compaction_id", _ID), REASON: ("compaction_reason", _REASON)}
 
 
 def outcome_of(headers: Mapping[str, str]) -> Outcome:
@@ -51,22 +56,20 @@ def outcome_of(headers: Mapping[str, str]) -> Outcome:
 
 
 def log_fields(headers: Mapping[str, str]) -> dict[str, str | int]:
-    """The headers as access-log fields: known values and whole numbers only."""
+    """The headers as access-log fields: known values and whole numbers only (a repeated header: its first)."""
     fields: dict[str, str | int] = {}
-    for header, name, known in ((COMPACTION, "compaction", OUTCOMES), (SHADOW, "compaction_shadow", SHADOW_DECISIONS)):
-        value = headers.get(header)
-        if value in known:
+    seen: set[str] = set()
+    for header, value in headers.items():  # one pass: most answers carry one or two of these among a dozen
+        logged = _LOGGED.get(lowered := header.lower())
+        if logged is None or lowered in seen:
+            continue
+        seen.add(lowered)
+        name, accepts = logged
+        if accepts is None:
+            if value.isascii() and value.isdigit() and len(value) <= _MAX_DIGITS:
+                fields[name] = int(value)
+        elif value in accepts if isinstance(accepts, frozenset) else accepts.fullmatch(value):
             fields[name] = value
-    for header, name in COUNTS.items():
-        count = headers.get(header, "")
-        if count.isascii() and count.isdigit() and len(count) <= _MAX_DIGITS:
-            fields[name] = int(count)
-    compaction_id = headers.get(COMPACTION_ID, "")
-    if _ID.fullmatch(compaction_id):
-        fields["compaction_id"] = compaction_id
-    reason = headers.get(REASON, "")
-    if _REASON.fullmatch(reason):
-        fields["compaction_reason"] = reason
     return fields
 
 

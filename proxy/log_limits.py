@@ -54,6 +54,8 @@ class RepeatLimiter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, _SUMMARY_ATTRIBUTE, False):
             return True
+        if record.levelno < self._level and not self._windows:
+            return True  # nothing is limited below the level, and no interval is open to close (one line per request)
         with self._lock:
             now = self._clock()
             summaries = self._expire(now)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -13,6 +13,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # prometheus-client's own switch: set, every metric value lives in a file of this directory, one per process.
 MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+_Metric = TypeVar("_Metric", Counter, Gauge, Histogram)
 
 
 def multiprocess_dir() -> str | None:
@@ -26,6 +27,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         shared = multiprocess_dir()
         if shared is None:
             self._exposed = self.registry
@@ -118,6 +120,16 @@ class Metrics:
         self.config_reloads = Counter(
             "compaction_proxy_config_reloads", "Config reloads (SIGHUP or a changed file), by result: applied, "
             "unchanged or refused", ["result"], registry=self.registry)
+
+    def labelled(self, metric: _Metric, *values: str) -> _Metric:
+        """`metric.labels(*values)`, looked up once: a label's child is the same object every time, and the
+        lookup (values checked, a lock taken) costs a request more than the increment does. Label values are
+        bounded sets (routes, statuses, outcomes), so the cache is too."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def upstream_errors_counter(self) -> Callable[[str], None]:
         """A callback for the upstream client: one failure of a kind ("timeout", "unreachable") counted."""

@@ -86,6 +86,12 @@ def test_log_fields_read_case_insensitive_headers() -> None:
     assert log_fields(headers) == {"compaction": "reused", "tokens_before": 5}
 
 
+def test_log_fields_read_the_first_of_a_repeated_header_only() -> None:
+    headers = CIMultiDict([("X-Compaction", "bogus"), ("x-compaction", "reused"), ("X-Compaction-Elided", "3"),
+                           ("x-compaction-elided", "4")])
+    assert log_fields(headers) == {"elided": 3}
+
+
 def test_log_fields_refuse_a_non_str_count() -> None:
     with pytest.raises(AttributeError):
         log_fields({h.TOKENS_BEFORE: 5})  # type: ignore[dict-item]

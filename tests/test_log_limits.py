@@ -77,3 +77,27 @@ def test_identical_errors_are_let_through_a_few_times_then_counted() -> None:
     ]
     assert "WARNING a different warning" in collected.lines
     assert sum(1 for line in collected.lines if line.startswith("INFO")) == 3300
+
+
+def test_records_below_the_level_pass_untracked_and_still_close_an_interval_that_is_over() -> None:
+    clock, collected = _Clock(), _Collect()
+    limiter = RepeatLimiter(collected, burst=1, interval=10, clock=clock)
+    collected.addFilter(limiter)
+    logger = logging.getLogger("tests.below_level")
+    logger.addHandler(collected)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        for index in range(50):
+            logger.info("request %d", index)
+        assert not limiter._windows  # an access line per request is never counted
+        for _ in range(2):
+            logger.error("down")
+        clock.now += 10
+        logger.info("request after")
+    finally:
+        logger.removeHandler(collected)
+        logger.propagate = True
+    assert collected.lines[50:] == ["ERROR down", "ERROR suppressed 1 similar records in the last 10s: down",
+                                    "INFO request after"]
+    assert not limiter._windows

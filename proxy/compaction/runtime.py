@@ -174,7 +174,7 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
     stages = ToolStages(settings, counter, calibration, pairs)
 
     def chat_requests(outcome: str) -> None:
-        metrics.chat_requests.labels(outcome).inc()
+        metrics.labelled(metrics.chat_requests, outcome).inc()
 
     def pipeline(dialect: Dialect[Any]) -> Pipeline[Any]:
         # The older counter is chat completions' own; every route is counted by requests_total.

@@ -34,10 +34,11 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
         response = await handler(request)
     except BaseException:
         if metrics is not None:
-            metrics.requests.labels(route_of(request.path), "500", "none").inc()
+            metrics.labelled(metrics.requests, route_of(request.path), "500", "none").inc()
         raise
     if metrics is not None:
-        metrics.requests.labels(route_of(request.path), str(response.status), outcome_of(response.headers)).inc()
+        metrics.labelled(metrics.requests, route_of(request.path), str(response.status),
+                         outcome_of(response.headers)).inc()
     return response
 
 

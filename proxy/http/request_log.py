@@ -5,9 +5,9 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 import re
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -95,15 +95,20 @@ def _configured_keys(settings: Settings) -> list[bytes]:
     return [secret.get_secret_value().encode("utf-8", HASH_ERRORS) for secret in secrets if secret is not None]
 
 
+def new_request_id() -> str:
+    """128 random bits as 32 hex digits (uuid4's strength, at a fifth of its cost: one per request)."""
+    return os.urandom(16).hex()
+
+
 def _entry_for(request: web.Request, configured: list[bytes]) -> _Entry:
     sent = request.headers.getall(REQUEST_ID_HEADER, [])
     started = time.perf_counter()
     if not sent:
-        return _Entry(Notes(uuid.uuid4().hex), "generated", started)
+        return _Entry(Notes(new_request_id()), "generated", started)
     # Two ids are no id: which one the client meant is anyone's guess.
     if len(sent) == 1 and sane_request_id(sent[0], [*configured, *_presented(request.headers)]):
         return _Entry(Notes(sent[0]), "client", started)
-    return _Entry(Notes(uuid.uuid4().hex), "replaced", started)
+    return _Entry(Notes(new_request_id()), "replaced", started)
 
 
 def request_log(settings: Settings) -> Middleware:

@@ -34,6 +34,7 @@ _RECOMPUTED_ON_REQUEST = frozenset({"host", "content-length", "content-encoding"
 _RECOMPUTED_ON_RESPONSE = frozenset({"content-length", "content-encoding"})
 # A header only the proxy reads, so it never leaves in any configuration.
 _DROPPED_ON_REQUEST = _RECOMPUTED_ON_REQUEST | {PROXY_KEY_HEADER}
+_NOTHING: frozenset[str] = frozenset()
 # What separates the tokens of a header value (a scheme word and its credentials, list items, quoted strings).
 _TOKEN_SEPARATORS = re.compile(rb"[\s,;\"']+")
 # A run of base64 (standard or URL-safe alphabet) that may decode to credentials, as `Basic` carries them.
@@ -43,24 +44,16 @@ _URL_SAFE = bytes.maketrans(b"-_", b"+/")
 ACCEPT_ENCODING = "gzip, deflate"
 
 
-def _connection_named(headers: Mapping[str, str]) -> set[str]:
-    # Scanning items matches the name case-insensitively and sees every repeat, for any mapping type.
-    named: set[str] = set()
-    for name, value in headers.items():
-        if name.lower() == "connection":
-            named.update(token.strip().lower() for token in value.split(",") if token.strip())
-    return named
-
-
 def _without(headers: Mapping[str, str], dropped: frozenset[str]) -> CIMultiDict[str]:
-    also_dropped = _connection_named(headers)
-    kept: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        lowered = name.lower()
-        if lowered in HOP_BY_HOP or lowered in dropped or lowered in also_dropped:
-            continue
-        kept.add(name, value)
-    return kept
+    """`headers` less the hop-by-hop ones, those in `dropped` and those a Connection header names."""
+    # Scanning items matches names case-insensitively and sees every repeat, for any mapping type; each name is
+    # lowered once.
+    named = [(name.lower(), name, value) for name, value in headers.items()]
+    gone = dropped | HOP_BY_HOP
+    for lowered, _, value in named:
+        if lowered == "connection":
+            gone = gone | {token.strip().lower() for token in value.split(",")}
+    return CIMultiDict([(name, value) for lowered, name, value in named if lowered not in gone])
 
 
 def _carries_one_of(header: str, keys: Collection[bytes]) -> bool:
@@ -122,7 +115,7 @@ def request_headers(client_headers: Mapping[str, str], api_key: str | None,
 
 def response_headers(upstream_headers: Mapping[str, str], *, decoded: bool) -> CIMultiDict[str]:
     """Headers to relay to the client; length and encoding go when the body was decompressed."""
-    dropped = _RECOMPUTED_ON_RESPONSE if decoded else frozenset()
+    dropped = _RECOMPUTED_ON_RESPONSE if decoded else _NOTHING
     return _without(upstream_headers, dropped)
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from yarl import URL
 
-from proxy.http.paths import refusal
+from proxy.http.paths import checked, refusal
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 
@@ -152,6 +152,17 @@ def test_refusal_names_every_escaping_path(path: str) -> None:
                                                                  "/v1/a%2Bb", "/v1/%E2%82%AC"])
 def test_refusal_leaves_normal_paths_alone(path: str) -> None:
     assert refusal(path) is None
+
+
+@given(st.text(alphabet="abcXYZ019_-/", max_size=40))
+def test_a_plain_path_passed_at_a_glance_passes_the_full_check(tail: str) -> None:
+    assert refusal("/" + tail) is None
+    assert checked("/" + tail) is None
+
+
+@pytest.mark.parametrize("path", ["/v1/./x", "/v1/a%2e%2e/x", "v1/chat", "/v1\\..", "/v1/x;..", "/v1/é"])
+def test_a_path_with_anything_else_gets_the_full_check(path: str) -> None:
+    assert refusal(path) == checked(path)
 
 
 # --- whatever refusal lets through, no decoder a server behind the proxy might run makes a dot segment of ------
