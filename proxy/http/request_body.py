@@ -160,6 +160,9 @@ async def read_bounded(request: web.BaseRequest, limit: int, timeout: float) -> 
     declared = request.content_length
     if declared is not None and declared > limit:
         raise _too_large(limit)  # refused before a byte is read: compressed bytes count against the limit too
+    if inflater is None and request.content.is_eof():
+        # The whole body came with the head (most small requests): no deadline to arm, nothing to wait for.
+        return _whole(request, limit)
     try:
         async with asyncio.timeout(timeout):
             return await _collect(request, inflater, limit)
@@ -167,6 +170,16 @@ async def read_bounded(request: web.BaseRequest, limit: int, timeout: float) -> 
         raise RequestTimeout(f"the request body did not arrive within {timeout:g}s") from None
     except RequestPayloadError as error:
         raise BadRequest(f"the request body is malformed: {error}", code="invalid_body") from None
+
+
+def _whole(request: web.BaseRequest, limit: int) -> bytes:
+    try:
+        body = request.content.read_nowait()
+    except RequestPayloadError as error:
+        raise BadRequest(f"the request body is malformed: {error}", code="invalid_body") from None
+    if len(body) > limit:  # a chunked body states no length
+        raise _too_large(limit)
+    return body
 
 
 async def _collect(request: web.BaseRequest, inflater: _Inflater | _ZstdInflater | None, limit: int) -> bytes:

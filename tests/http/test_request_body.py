@@ -19,6 +19,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.app import RunningServer
 from proxy.errors import BadRequest
 from proxy.http.request_body import inflater_for
 from tests.conftest import ProxyFactory
@@ -283,3 +284,47 @@ def test_any_bytes_as_zstd_are_inflated_or_refused_as_a_bad_request(noise: bytes
         inflate("zstd", [noise])
     except BadRequest as refused:
         assert refused.code == "invalid_body"
+
+
+async def _raw_post(proxy: RunningServer, head: bytes, body: bytes, *, pause: float = 0.0) -> bytes:
+    """The request written as given (head and body in one write, or the body `pause` seconds later); the status
+    line of the answer."""
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    try:
+        if pause:
+            writer.write(head)
+            await writer.drain()
+            await asyncio.sleep(pause)
+            writer.write(body)
+        else:
+            writer.write(head + body)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        return answer.partition(b"\r\n")[0]
+    finally:
+        writer.close()
+
+
+def _chunked(body: bytes) -> bytes:
+    return f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize(("size", "status"), [(1024, b"200"), (1025, b"413")])
+async def test_a_chunked_body_that_came_with_its_head_is_bounded_too(size: int, status: bytes, fake: FakeUpstream,
+                                                                     make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy({"server": {"max_body_bytes": 1024}})
+    head = b"POST /v1/echo/chunked HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    line = await _raw_post(proxy, head, _chunked(b"y" * size))
+    assert line.split(b" ")[1] == status
+    assert posted(fake) == ([b"y" * size] if status == b"200" else [])
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.3], ids=["with its head", "after its head"])
+async def test_a_plain_body_is_forwarded_byte_for_byte_however_it_arrives(pause: float, fake: FakeUpstream,
+                                                                          make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy()
+    body = b'{"model": "m", "x": "' + bytes(range(35, 127)) * 10 + b'"}'
+    head = (f"POST /v1/echo/plain HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode()
+    assert await _raw_post(proxy, head, body, pause=pause) == b"HTTP/1.1 200 OK"
+    assert posted(fake) == [body]
