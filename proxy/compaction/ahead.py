@@ -59,23 +59,26 @@ class Ahead(Generic[C]):
             return
         if not budget.past_share(limits, tokens, share) and not self._pace.judges(key, self._compactor.summary_seconds):
             return  # neither the mark (what the clearing leaves is no more) nor the pace can start one: no replay
+        # The summary's time against the turns left (this conversation's pace): at the last turn a start is in
+        # time, the summary is prepared, mark or not, within a wider slack. A turn grows the prompt by more than its
+        # answer and input (the upstream's framing of items and calls): by what was measured, when it is more; the
+        # excess goes with the answer, which no clearing frees. A new cycle is told by a summary spliced in, not by
+        # a clearing: the turns after a clearing may be the last ones a start is in time. With stage 1 on, the
+        # replay of the turns ahead decides, and the lead is not read.
+        paced = max(growth, round(self._pace.growth(key) or 0))
+        late = self._pace.late(key, self._stages.conversation_tokens(journey), budget.lead_tokens(limits, tokens),
+                               paced, self._compactor.summary_seconds,
+                               passes=lambda rounds: self._stages.passes_ahead(journey, rounds, paced - next_input,
+                                                                               next_input))
+        if not late and not budget.past_share(limits, tokens, share):
+            return
         # With stage 1 on, the prompt falls back whenever old results are cleared: a summary is needed only when
-        # what the clearing leaves passes the threshold, so the mark and the lead are measured on that.
+        # what the clearing leaves passes the mark, and is planned for the lead from there. The mark and the plan
+        # keep the guess.
         settled = self._stages.settled_tokens(journey, growth + budget.lead_tokens(limits, tokens))
         if settled is not None and settled < prompt_tokens:
             tokens = settled + growth
         lead = budget.lead_tokens(limits, tokens)
-        # The summariser's time against the turns left (this conversation's pace): at the last turn a start is in
-        # time, the summary is prepared, mark or not, within a wider slack. A turn grows the prompt by more than its
-        # answer and input (the upstream's framing of items and calls): by what was measured, when it is more; the
-        # excess goes with the answer, which no clearing frees. A new cycle is told by a summary spliced in, not by
-        # a clearing: the turns after a clearing may be the last ones a start is in time. The mark and the plan
-        # keep the guess.
-        paced = max(growth, round(self._pace.growth(key) or 0))
-        late = self._pace.late(key, self._stages.conversation_tokens(journey), lead, paced,
-                               self._compactor.summary_seconds,
-                               passes=lambda rounds: self._stages.passes_ahead(journey, rounds, paced - next_input,
-                                                                               next_input))
         if late or budget.past_share(limits, tokens, share):
             # Planned for the growth it will meet before it is needed: up to the threshold (`lead`), and the turn
             # that passes it (the request that splices it in is past the threshold by up to a turn). When that
