@@ -85,5 +85,6 @@ class AnswerHeaders(Generic[C]):
         summary = (journey.conversation.namespace, record.prefix_hash) if record is not None else None
         self._recorder.safely("journal_request", lambda: self._recorder.request(
             origin, headers, summary=summary, limits=journey.limits, freed=freed,
+            failure=journey.failure if journey.failed else None,
             tokens_before=journey.tokens_before or self._tokens.original(journey),
             tokens_after=self._tokens.estimate(journey)))

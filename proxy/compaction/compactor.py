@@ -14,7 +14,7 @@ from typing import Any
 
 from proxy.compaction.job import Job
 from proxy.compaction.pace import smoothed
-from proxy.compaction.recorder import Origin, Recorder, failure_event, summary_event
+from proxy.compaction.recorder import Origin, Recorder, failure_event, failure_told, summary_event, tell_failure
 from proxy.config import Settings
 from proxy.core import budget
 from proxy.core.backoff import Backoff, shrink
@@ -97,6 +97,7 @@ class Outcome:
 
     record: CompactedPrefix | None
     reason: str  # "compacted" | "nothing_to_summarize" | "not_smaller" | "backoff" | "failed"
+    failure: str | None = None  # the journal event of a summary that failed, when one was recorded here
 
 
 @dataclass(frozen=True)
@@ -189,11 +190,11 @@ class Compactor:
             return Outcome(await asyncio.shield(begun.task), "compacted")
         except (SummarizerError, RemoteFailure) as error:
             log.warning("compaction failed (%s): %s", trigger, error)
-            return Outcome(None, "failed")
-        except Exception:  # whatever broke (a store, a bug): the request goes on as it came
+            return Outcome(None, "failed", failure_told(error))
+        except Exception as error:  # whatever broke (a store, a bug): the request goes on as it came
             log.error("compaction failed (%s) unexpectedly; forwarding the request without a summary", trigger,
                       exc_info=True)
-            return Outcome(None, "failed")
+            return Outcome(None, "failed", failure_told(error))
 
     def begin(self, conversation: Conversation, limits: Limits, *, model: str, trigger: str,
               headers: Mapping[str, str], answer_tokens: int | None = None, overhead: int = 0,
@@ -409,8 +410,10 @@ class Compactor:
                                 "duration_ms": round(seconds * 1000, 1)}))
         if (origin := job.origin) is not None:
             self._recorder.safely("journal_failure", lambda: self._recorder.record(failure_event(
-                origin, trigger=job.trigger, limits=job.limits, plan=job.plan, source=job.source, model=job.model,
-                error=error, calls=calls, usage=dict(usage), seconds=seconds)))
+                origin, event_id=job.failure_id, trigger=job.trigger, limits=job.limits, plan=job.plan,
+                source=job.source, model=job.model, error=error, calls=calls, usage=dict(usage), seconds=seconds)))
+            if self._recorder.journal is not None:
+                tell_failure(error, job.failure_id)
 
 
 def prepared_namespace(namespace: str) -> str:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.compaction.recorder import Origin
@@ -37,6 +38,8 @@ class Job:
     instructions: str | None = None  # the client's own for its summary (Anthropic's compaction `instructions`)
     origin: Origin | None = None  # the request it is made for, as the journal names it
     force: bool = False  # asked for whatever the size (mode force, a client's request): applied even if longer
+    # The journal event of its failure, should it fail: named before, so every request waiting on it can tell it.
+    failure_id: str = field(default_factory=lambda: secrets.token_hex(12))
 
     def upstream_tokens(self, tokens: int) -> int:
         """`tokens` of our own count in the upstream's, the unit of the window and of the plan."""

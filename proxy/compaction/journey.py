@@ -35,6 +35,7 @@ class Journey(Generic[C]):
     trigger: str = "none"
     failed: bool = False
     reason: str | None = None  # why a compaction that was wanted did not happen
+    failure: str | None = None  # the journal event of the summary that failed for it
     tokens_before: int = 0
     elided: int = 0
     swapped: Swapped | None = None  # stage 2: stored summaries of old tool rounds swapped into what is forwarded

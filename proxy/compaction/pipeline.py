@@ -326,6 +326,7 @@ class Pipeline(Generic[C]):
         else:
             journey.reason = outcome.reason
             journey.failed = journey.failed or outcome.reason in ("failed", "backoff")
+            journey.failure = outcome.failure or journey.failure
         await self._stages.shape(journey)
         self._elide(journey)
         if outcome.record is not None or journey.elided:

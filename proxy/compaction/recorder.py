@@ -24,6 +24,8 @@ from proxy.store.store import CompactedPrefix
 from proxy.summarizer.summarizer import Summary
 
 log = logging.getLogger("proxy.journal")
+# Where a failed summary's error carries the id of its journal event (see tell_failure).
+_FAILURE_ATTRIBUTE = "compaction_failure_event"
 
 # Entries waiting for the store at once: past this one is dropped (and counted) rather than queued without bound
 # behind a slow store.
@@ -86,18 +88,30 @@ def summary_event(origin: Origin, *, namespace: str, trigger: str, limits: Limit
                  summary=_summary_text(record), summarizer=_run(record.model, summary, seconds))
 
 
-def failure_event(origin: Origin, *, trigger: str, limits: Limits, plan: Plan, source: Sequence[Message],
-                  model: str, error: Exception, calls: int, usage: dict[str, int], seconds: float) -> Event:
+def failure_event(origin: Origin, *, event_id: str, trigger: str, limits: Limits, plan: Plan,
+                  source: Sequence[Message], model: str, error: Exception, calls: int, usage: dict[str, int],
+                  seconds: float) -> Event:
     run = SummarizerRun(model=model[:200], calls=calls, prompt_tokens=int(usage.get("prompt_tokens", 0)),
                         completion_tokens=int(usage.get("completion_tokens", 0)),
                         latency_ms=round(seconds * 1000, 1))
     before = plan.tokens_before + plan.overhead
     # The error's type only: its message may quote an upstream's answer.
-    return Event(id=secrets.token_hex(12), kind="summary", outcome="failed", at=time.time(), owner=origin.owner,
+    return Event(id=event_id, kind="summary", outcome="failed", at=time.time(), owner=origin.owner,
                  conversation=origin.conversation, dialect=origin.dialect, model=origin.model, trigger=trigger,
                  reason=type(error).__name__, request_id=origin.request_id, window=limits.window,
                  threshold_tokens=limits.trigger_tokens, tokens_before=before, tokens_after=before,
                  span=span_of(source), summarizer=run)
+
+
+def tell_failure(error: BaseException, event_id: str) -> None:
+    """Mark `error` (raised to every request waiting on the summary) with the journal event of the failure."""
+    setattr(error, _FAILURE_ATTRIBUTE, event_id)
+
+
+def failure_told(error: BaseException) -> str | None:
+    """The journal event of the failure `error` ended a summary with; None when none was recorded here."""
+    told = getattr(error, _FAILURE_ATTRIBUTE, None)
+    return told if isinstance(told, str) else None
 
 
 def point_of(origin: Origin, headers: Mapping[str, str], *, limits: Limits, tokens_before: int,
@@ -167,15 +181,17 @@ class Recorder:
         self._enqueue("journal_point", point)
 
     def request(self, origin: Origin, headers: dict[str, str], *, summary: tuple[str, str] | None, limits: Limits,
-                tokens_before: int, tokens_after: int, freed: int) -> None:
+                tokens_before: int, tokens_after: int, freed: int, failure: str | None = None) -> None:
         """One request answered: its point, the stages' events when they went further, and on its answer
         x-compaction-id: the summary's event when the request holds one (`summary`: its namespace and prefix
-        hash), else a stage event made now."""
+        hash), else the event of the summary that failed for it (`failure`), else a stage event made now."""
         if summary is not None:
             headers[COMPACTION_ID] = summary_id(*summary)
+        elif failure is not None:
+            headers[COMPACTION_ID] = failure
         point = point_of(origin, headers, limits=limits, tokens_before=max(0, tokens_before),
                          tokens_after=max(0, tokens_after), event_id=headers.get(COMPACTION_ID))
-        if (stage := self.stage_events(origin, point, freed)) is not None and summary is None:
+        if (stage := self.stage_events(origin, point, freed)) is not None and COMPACTION_ID not in headers:
             headers[COMPACTION_ID] = stage
             point = point.model_copy(update={"event_id": stage})
         self.point(point)

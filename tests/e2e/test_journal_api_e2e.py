@@ -15,6 +15,7 @@ from proxy.core.tenants import journal_owner
 from tests.conftest import ProxyFactory
 from tests.e2e.test_compaction_e2e import WINDOW, big_history, compaction_config
 from tests.fakes.agent import AgentModel, run_agent
+from tests.fakes.hostile_summariser import HostileSummariser, answering
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
 from tests.ports import free_port
@@ -258,6 +259,36 @@ async def test_with_the_journal_off_nothing_is_recorded(model: WindowedModel, ma
     assert answer["x-compaction"] == "proactive" and "x-compaction-id" not in answer
     status, body = await read(proxy.url, "/conversations", bearer(KEY))
     assert status == 404 and "journal.enabled" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("journal", [True, False], ids=["journal on", "journal off"])
+async def test_a_failed_summary_is_named_on_the_answer_it_failed(journal: bool, fake: FakeUpstream,
+                                                                 make_proxy: ProxyFactory) -> None:
+    summariser = HostileSummariser(WindowedModel(window=WINDOW), answering(""))  # an empty summary is none
+    fake.chat_hook = summariser
+    proxy = await make_proxy({**journal_config(), "journal": {"enabled": journal}})
+    answer = await compacted(proxy.url)
+    assert answer["x-compaction"] == "failed"
+    if not journal:
+        assert "x-compaction-id" not in answer
+        return
+    status, event = await read(proxy.url, f"/events/{answer['x-compaction-id']}", bearer(KEY))
+    assert status == 200, event
+    assert (event["kind"], event["outcome"], event["trigger"]) == ("summary", "failed", "proactive")
+    assert event["reason"] and event["summarizer"]["calls"] >= 1
+    [listed] = await settled_requests(proxy.url, bearer(KEY), 2)
+    assert listed["requests"] == 2
+
+
+async def settled_requests(url: str, headers: dict[str, str], requests: int) -> list[dict[str, Any]]:
+    """The caller's conversations once `requests` requests have landed in the journal."""
+    for _ in range(100):
+        status, body = await read(url, "/conversations", headers)
+        assert status == 200, body
+        if sum(conversation["requests"] for conversation in body["conversations"]) >= requests:
+            return list(body["conversations"])
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the journal never showed {requests} requests: {body}")
 
 
 async def test_an_agent_loop_records_its_clearings_as_stage_events(fake: FakeUpstream,
