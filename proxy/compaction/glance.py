@@ -65,8 +65,12 @@ def payload_of(body: bytes, headers: Mapping[str, str], markers: tuple[bytes, ..
 
 def first_limit(settings: Settings, model: str, window: int) -> int:
     """The fewest prompt-plus-output tokens at which the proxy would act on this model's request: the compaction
-    threshold, or an enabled tool-result stage's share if lower."""
+    threshold, or an enabled tool-result stage's share if lower; and low enough that a request past the mark where
+    a summary is prepared ahead (compaction.prepare_at) is never glanced, however low the mark is set (a glanced
+    request stays below SHARE of this)."""
     shares = [settings.compaction.threshold] if settings.compaction.proactive else [1.0]
+    if (prepare := settings.compaction.prepare_share) is not None:
+        shares.append(prepare * settings.compaction.threshold / SHARE)
     stages = settings.tool_results_for(model)
     if stages.clear.enabled:
         shares.append(stages.clear.trigger)

@@ -54,6 +54,10 @@ def settings_with(**compaction: Any) -> Settings:
     ({"tool_results": {"clear": {"enabled": False}}}, 80_000),
     ({"tool_results": {"clear": {"enabled": False}, "summarize_pairs": {"enabled": True}}}, 25_000),
     ({"threshold": 0, "tool_results": {"clear": {"enabled": False}}}, 100_000),  # reactive only: the window
+    ({"prepare_at": 0.3}, 48_000),                   # a low mark: its glanced requests stay below 0.3 x 0.8
+    ({"prepare_at": 0.3, "tool_results": {"clear": {"enabled": False}}}, 48_000),
+    ({"prepare_at": 0.3, "background": False}, 60_000),  # nothing is prepared without background summaries
+    ({"prepare_at": None, "tool_results": {"clear": {"enabled": False}}}, 80_000),
 ])
 def test_the_first_limit_is_the_lowest_share_that_acts(compaction: dict[str, Any], limit: int) -> None:
     assert glance.first_limit(settings_with(**compaction), "m", 100_000) == limit
@@ -91,3 +95,13 @@ def test_a_body_holds_no_more_tokens_than_bytes(texts: list[str]) -> None:
     body = json.dumps({"model": "m", "messages": messages}).encode()
     assert COUNTER.count_request({"model": "m", "messages": messages}) <= len(body) + glance.TEMPLATE_TOKENS
     assert all(COUNTER.count_text(text) <= len(json.dumps(text).encode()) for text in texts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.05, 0.95), st.floats(0.3, 0.95), st.booleans())
+def test_no_glanced_request_is_past_the_prepare_mark(prepare_at: float, threshold: float, clear: bool) -> None:
+    """What a glanced request may hold (SHARE of the first limit) stays at or below where a summary is prepared."""
+    configured = settings_with(threshold=threshold, target=threshold / 2, prepare_at=prepare_at,
+                               tool_results={"clear": {"enabled": clear}})
+    window = 100_000
+    assert glance.SHARE * glance.first_limit(configured, "m", window) <= prepare_at * threshold * window + 1
