@@ -133,6 +133,8 @@ class _ZstdInflater:
 
 def inflater_for(content_encoding: str) -> _Inflater | _ZstdInflater | None:
     """The inflater a Content-Encoding asks for; None for identity; 415 for anything else."""
+    if not content_encoding:  # most requests send none
+        return None
     codings = [coding.strip().lower() for coding in content_encoding.split(",")]
     codings = [coding for coding in codings if coding not in _IDENTITY]
     if not codings:
