@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import pytest
 
@@ -27,6 +28,21 @@ class _Collect(logging.Handler):
         self.lines.append(f"{record.levelname} {record.getMessage()}")
 
 
+@contextmanager
+def limited(name: str, limiter: RepeatLimiter, collected: _Collect) -> Iterator[logging.Logger]:
+    """Logger `name` writing to `collected` only, through `limiter`, at INFO; as it was afterwards."""
+    collected.addFilter(limiter)
+    logger = logging.getLogger(name)
+    logger.addHandler(collected)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield logger
+    finally:
+        logger.removeHandler(collected)
+        logger.propagate = True
+
+
 @pytest.mark.parametrize(("extra", "expected"), [
     (EXEMPT, [f"ERROR refused: reason {index}" for index in range(8)]),
     (None, [*(f"ERROR refused: reason {index}" for index in range(3)),
@@ -35,38 +51,23 @@ class _Collect(logging.Handler):
 def test_exempt_records_pass_every_time_and_are_not_counted(extra: Mapping[str, object] | None,
                                                              expected: list[str]) -> None:
     clock, collected = _Clock(), _Collect()
-    collected.addFilter(RepeatLimiter(collected, burst=3, interval=10, clock=clock))
-    logger = logging.getLogger("tests.log_limits")
-    logger.addHandler(collected)
-    logger.propagate = False
-    try:
+    with limited("tests.log_limits", RepeatLimiter(collected, burst=3, interval=10, clock=clock), collected) as logger:
         for index in range(8):
             logger.error("refused: %s", f"reason {index}", extra=extra)
         clock.now += 10
         logger.info("the interval is over")
-    finally:
-        logger.removeHandler(collected)
-        logger.propagate = True
     assert collected.lines == [*expected, "INFO the interval is over"]
 
 
 def test_identical_errors_are_let_through_a_few_times_then_counted() -> None:
     clock, collected = _Clock(), _Collect()
-    collected.addFilter(RepeatLimiter(collected, burst=3, interval=10, clock=clock))
-    logger = logging.getLogger("tests.flood")
-    logger.addHandler(collected)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
+    with limited("tests.flood", RepeatLimiter(collected, burst=3, interval=10, clock=clock), collected) as logger:
         for index in range(3300):
             logger.error("socket.accept() out of system resource (%d)", index)
             logger.info("not limited %d", index % 2)
         logger.warning("a different warning")
         clock.now += 10
         logger.error("socket.accept() out of system resource (%d)", 9999)
-    finally:
-        logger.removeHandler(collected)
-        logger.propagate = True
     errors = [line for line in collected.lines if line.startswith("ERROR")]
     assert errors == [
         "ERROR socket.accept() out of system resource (0)",
@@ -82,12 +83,7 @@ def test_identical_errors_are_let_through_a_few_times_then_counted() -> None:
 def test_records_below_the_level_pass_untracked_and_still_close_an_interval_that_is_over() -> None:
     clock, collected = _Clock(), _Collect()
     limiter = RepeatLimiter(collected, burst=1, interval=10, clock=clock)
-    collected.addFilter(limiter)
-    logger = logging.getLogger("tests.below_level")
-    logger.addHandler(collected)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
+    with limited("tests.below_level", limiter, collected) as logger:
         for index in range(50):
             logger.info("request %d", index)
         assert not limiter._windows  # an access line per request is never counted
@@ -95,9 +91,6 @@ def test_records_below_the_level_pass_untracked_and_still_close_an_interval_that
             logger.error("down")
         clock.now += 10
         logger.info("request after")
-    finally:
-        logger.removeHandler(collected)
-        logger.propagate = True
     assert collected.lines[50:] == ["ERROR down", "ERROR suppressed 1 similar records in the last 10s: down",
                                     "INFO request after"]
     assert not limiter._windows
