@@ -34,7 +34,6 @@ ELSEWHERE = {
     "http.pin": "tests/test_reload.py: a stream and concurrent requests survive reloads",
     "http.server_timeouts": "tests/e2e/test_timeouts.py",
     "log_filters": "tests/e2e/test_keys.py and tests/e2e/test_secrets_scan.py (redaction)",
-    "metrics": "tests/e2e/test_metrics_e2e.py",
     "store.journals": "tests/store/test_journal.py's contract run against every journal it opens",
     "store.redis_journal": "tests/store/test_journal.py (the contract, and Redis's own cases)",
     "store.sqlite_journal": "tests/store/test_journal.py (the contract, and SQLite's own cases)",

@@ -5,18 +5,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
-
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from typing import Any
 
 from proxy.config import StoreConfig
-from proxy.log_filters import mask_url
-from proxy.store.flights import ErrorCounter, StoreUnavailable
+from proxy.store.flights import ErrorCounter
 from proxy.store.journal import (
     Clock,
     ConversationDetail,
@@ -28,12 +20,11 @@ from proxy.store.journal import (
     detail_of,
     parse_entry,
 )
-from proxy.store.redis_store import _HEALTH_CHECK_SECONDS, _UNREACHABLE, _url_password
-from proxy.store.store_health import FailureReports, StoreHealth
+from proxy.store.redis_calls import RedisCalls, Wording, redis_client
 
 log = logging.getLogger("proxy.redis_journal")
 
-T = TypeVar("T")
+_WORDING = Wording("redis journal", "the journal is closed", "journal entries are not kept until it answers")
 Argument = str | int | float
 _INFO_FIELDS = ("owner", "dialect", "model", "first_at", "last_at", "requests", "compactions")
 
@@ -188,20 +179,14 @@ class RedisJournal:
                  on_error: ErrorCounter | None = None, clock: Clock = time.time,
                  retry_delays: tuple[float, float] = (0.25, 10.0)) -> None:
         self.bounds = bounds
-        self.url = mask_url(url)
-        self._secrets = tuple(secret for secret in (password, _url_password(url)) if secret)
+        # Its outages are timed by the monotonic clock; `clock` is the entries' (wall) time.
+        self._calls = RedisCalls(url, password, _WORDING, log, on_error=on_error, clock=time.monotonic,
+                                 retry_delays=retry_delays)
+        self.url = self._calls.url
         self._prefix = f"{key_prefix}j:"
         self._ttl_ms = max(1, round(bounds.ttl_seconds * 1000))
         self._clock = clock
-        self._health = StoreHealth(time.monotonic, *retry_delays)
-        self._failures = FailureReports(log, on_error, time.monotonic)
-        self._closed = False
-        # As RedisStore's client: one quick retry absorbs a pooled socket that died with a Redis restart.
-        self._client = aioredis.from_url(
-            url, username=username, password=password, socket_timeout=timeout_seconds,
-            socket_connect_timeout=timeout_seconds, retry=Retry(NoBackoff(), 1),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-            health_check_interval=_HEALTH_CHECK_SECONDS, decode_responses=False)
+        self._client = redis_client(url, username, password, timeout_seconds)
         self._scripts = {name: self._client.register_script(source) for name, source in
                          (("point", _POINT), ("record", _RECORD), ("list", _LIST), ("detail", _DETAIL),
                           ("get", _GET))}
@@ -238,10 +223,7 @@ class RedisJournal:
         await self._write("journal_point", lambda: self._scripts["point"](keys=[], args=arguments))
 
     async def _write(self, operation: str, work: Callable[[], Awaitable[Any]]) -> None:
-        try:
-            await self._attempt(operation, work)
-        except StoreUnavailable:
-            pass  # counted and logged in _attempt: the entry is not kept
+        await self._calls.quietly(operation, work)  # a failure is counted and logged there: the entry is not kept
 
     # --- reads -------------------------------------------------------------------------------------------------
 
@@ -253,7 +235,7 @@ class RedisJournal:
             return []
         index = f"{self._prefix}convs" if owner is None else f"{self._prefix}o:{owner}"
         arguments: list[Argument] = [self._prefix, owner or "", self._clock() - self.bounds.ttl_seconds, limit]
-        rows = await self._attempt("journal_read", lambda: self._scripts["list"](keys=[index], args=arguments))
+        rows = await self._calls.attempt("journal_read", lambda: self._scripts["list"](keys=[index], args=arguments))
         found: list[ConversationInfo] = []
         for row in rows:
             info = _info(bytes(row[0]).decode(errors="replace"), row[1])
@@ -262,7 +244,7 @@ class RedisJournal:
         return found
 
     async def conversation(self, owner: str | None, conversation: str) -> ConversationDetail | None:
-        reply = await self._attempt("journal_read", lambda: self._scripts["detail"](
+        reply = await self._calls.attempt("journal_read", lambda: self._scripts["detail"](
             keys=[], args=[self._prefix, conversation]))
         if len(reply) != 3:
             return None
@@ -273,56 +255,12 @@ class RedisJournal:
 
     async def event(self, owner: str | None, event_id: str) -> Event | None:
         key = f"{self._prefix}e:{event_id}"
-        event = parse_entry(Event, await self._attempt("journal_read", lambda: self._scripts["get"](keys=[key])))
+        event = parse_entry(Event, await self._calls.attempt("journal_read", lambda: self._scripts["get"](keys=[key])))
         if event is None or event.id != event_id or (owner is not None and event.owner != owner) \
                 or not self._fresh(event.at):
             return None
         return event
 
     async def close(self) -> None:
-        self._closed = True
+        self._calls.closed = True
         await self._client.aclose()
-
-    # --- calling Redis -----------------------------------------------------------------------------------------
-
-    async def _attempt(self, operation: str, work: Callable[[], Awaitable[T]]) -> T:
-        """One Redis call; StoreUnavailable (counted, logged) instead of any Redis error."""
-        if self._closed:
-            raise StoreUnavailable("the journal is closed")
-        if not self._health.may_try():  # failing fast while Redis is down: counted, not logged again
-            self._failures.count(operation)
-            raise StoreUnavailable(self._health.last_error)
-        try:
-            result = await work()
-        except _UNREACHABLE as error:
-            self._failures.count(operation)
-            description = self._describe(error)
-            if self._health.failed(description):
-                log.warning("redis journal %s unreachable (%s): journal entries are not kept until it answers",
-                            self.url, description)
-            else:
-                self._failures.warn(f"down:{operation}", "redis journal %s still unreachable (%s: %s)", self.url,
-                                    operation, description)
-            raise StoreUnavailable(description) from None
-        except RedisError as error:  # Redis answered but refused (out of memory, no permission, a script error)
-            self._answered()
-            self._failures.count(operation)
-            self._failures.warn(operation, "redis journal %s failed on %s: %s", operation, self.url,
-                                self._describe(error))
-            raise StoreUnavailable(self._describe(error)) from None
-        finally:
-            self._health.settle()
-        self._answered()
-        return result
-
-    def _answered(self) -> None:
-        outage = self._health.succeeded()
-        if outage is not None:
-            log.warning("redis journal %s reachable again after %.1fs of outage", self.url, outage)
-
-    def _describe(self, error: BaseException) -> str:
-        """The error's type and message, with anything that looks like our password scrubbed out."""
-        text = f"{type(error).__name__}: {error}"
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text

@@ -6,30 +6,21 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlsplit
+from collections.abc import Sequence
+from typing import Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from proxy.config import MIB, StoreConfig
-from proxy.log_filters import mask_url
 from proxy.store.flights import CLOSED, DROPPED, STORED, Announcements, ErrorCounter, Held, Lease, StoreUnavailable
+from proxy.store.redis_calls import UNREACHABLE, HealthListener, RedisCalls, Wording, redis_client
 from proxy.store.store import CompactedPrefix
-from proxy.store.store_health import Clock, FailureReports, StoreHealth
+from proxy.store.store_health import Clock
 
 log = logging.getLogger("proxy.redis_store")
 
-T = TypeVar("T")
-HealthListener = Callable[[bool], None]
-# Errors that mean "Redis is not there" (down, unreachable, refusing our credentials), as opposed to a refused command.
-_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
-_HEALTH_CHECK_SECONDS = 15
+_WORDING = Wording("redis store", "the summary store is closed",
+                   "serving without summary reuse, single-flight per process, until it answers again")
 # Announcements are a word, two hashes and a token: anything this long on the channel is not one.
 _MAX_ANNOUNCEMENT_BYTES = 1024
 
@@ -88,12 +79,6 @@ def _announcement(data: bytes | str) -> tuple[str, str, str] | None:
     return outcome, key, holder
 
 
-def _url_password(url: str) -> str | None:
-    parts = urlsplit(url)
-    from_query = dict(parse_qsl(parts.query)).get("password")
-    return parts.password or from_query or None
-
-
 class RedisStore:
     """SummaryStore and LeaseStore on Redis. Every Redis error is caught, counted, logged (rate-limited, masked)
     and turned into "no record" (or StoreUnavailable for lease calls); the client reconnects by itself."""
@@ -105,24 +90,16 @@ class RedisStore:
                  clock: Clock = time.monotonic) -> None:
         if ttl_seconds <= 0 or lock_ttl_seconds <= 0 or max_value_bytes < 1:
             raise ValueError("ttl_seconds and lock_ttl_seconds must be positive, max_value_bytes at least 1")
-        self.url = mask_url(url)
-        self._secrets = tuple(secret for secret in (password, _url_password(url)) if secret)
+        self._calls = RedisCalls(url, password, _WORDING, log, on_error=on_error, clock=clock,
+                                 retry_delays=retry_delays, on_health=on_health)
+        self.url = self._calls.url
+        self._failures = self._calls.failures  # the store's own (records, announcements) are reported as its calls'
         self._prefix = key_prefix
         self._ttl_ms = max(1, round(ttl_seconds * 1000))
         self._lock_ms = max(1, round(lock_ttl_seconds * 1000))
         self._max_value_bytes = max_value_bytes
-        self._on_health = on_health
-        self._health = StoreHealth(clock, *retry_delays)
-        self._failures = FailureReports(log, on_error, clock)
         self._owner = secrets.token_hex(6)
-        self._closed = False
-        # One quick retry on a fresh connection absorbs a pooled socket that died with a Redis restart; more would
-        # only make an outage slower to notice. Our own back-off (StoreHealth) takes it from there.
-        self._client = aioredis.from_url(
-            url, username=username, password=password, socket_timeout=timeout_seconds,
-            socket_connect_timeout=timeout_seconds, retry=Retry(NoBackoff(), 1),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],  # redis-py 5 retries only what is listed
-            health_check_interval=_HEALTH_CHECK_SECONDS, decode_responses=False)
+        self._client = redis_client(url, username, password, timeout_seconds)
         self._scripts = {name: self._client.register_script(source) for name, source in
                          (("acquire", _ACQUIRE), ("renew", _RENEW), ("finish", _FINISH), ("flying", _FLYING))}
         self._announcements = Announcements()
@@ -148,14 +125,15 @@ class RedisStore:
 
     @property
     def healthy(self) -> bool:
-        return self._health.up and not self._closed
+        return self._calls.health.up and not self._calls.closed
 
     def status(self) -> dict[str, Any]:
         """For /readyz: where the store is and whether it answers (no secrets)."""
         state: dict[str, Any] = {"kind": "redis", "url": self.url, "reachable": self.healthy}
-        if not self._health.up:
-            state["unreachable_for_seconds"] = round(self._health.down_for(), 1)
-            state["last_error"] = self._health.last_error
+        health = self._calls.health
+        if not health.up:
+            state["unreachable_for_seconds"] = round(health.down_for(), 1)
+            state["last_error"] = health.last_error
         return state
 
     # --- keys ----------------------------------------------------------------------------------------------
@@ -173,39 +151,39 @@ class RedisStore:
 
     async def get(self, namespace: str, prefix_hash: str) -> CompactedPrefix | None:
         key = self._keys(namespace, prefix_hash)[0]
-        raw = await self._quietly("get", lambda: self._client.get(key))
+        raw = await self._calls.quietly("get", lambda: self._client.get(key))
         return None if raw is None else self._decode(raw)
 
     async def put(self, namespace: str, record: CompactedPrefix) -> None:
         value = self._encode(record)
         if value is not None:
             key = self._keys(namespace, record.prefix_hash)[0]
-            await self._quietly("put", lambda: self._client.set(key, value, px=self._ttl_ms))
+            await self._calls.quietly("put", lambda: self._client.set(key, value, px=self._ttl_ms))
 
     async def longest_match(self, namespace: str, chain: Sequence[str]) -> CompactedPrefix | None:
         """One MGET over every prefix of the chain (one round trip, however long the chain)."""
         if not chain:
             return None
         keys = [self._keys(namespace, prefix)[0] for prefix in chain]
-        values = await self._quietly("lookup", lambda: self._client.mget(keys))
+        values = await self._calls.quietly("lookup", lambda: self._client.mget(keys))
         records = [self._decode(value) for value in values or () if value is not None]
         verified = [record for record in records if record is not None and record.matches(chain)]
         return max(verified, key=lambda record: record.prefix_len, default=None)
 
     async def ping(self) -> bool:
         """Always asks Redis (the readiness probe is the recovery probe too); False while it does not answer."""
-        if self._closed:
+        if self._calls.closed:
             return False
         try:
             await self._client.ping()
-        except (RedisError, *_UNREACHABLE) as error:
-            self._failed("ping", error, count=False)
+        except (RedisError, *UNREACHABLE) as error:
+            self._calls.failed("ping", error, count=False)
             return False
-        self._answered()
+        self._calls.answered()
         return True
 
     async def close(self) -> None:
-        self._closed = True
+        self._calls.closed = True
         if self._listener is not None:
             self._listener.cancel()
             await asyncio.wait([self._listener])
@@ -217,7 +195,7 @@ class RedisStore:
     async def acquire(self, namespace: str, prefix_hash: str) -> Lease | CompactedPrefix | Held:
         keys = [*self._keys(namespace, prefix_hash), f"{self._prefix}fence"]
         for _ in range(2):  # a second go only after clearing an unreadable record
-            reply = await self._attempt("acquire", lambda: self._scripts["acquire"](
+            reply = await self._calls.attempt("acquire", lambda: self._scripts["acquire"](
                 keys=keys, args=[self._lock_ms, prefix_hash, self._owner]))
             code = int(reply[0])
             if code > 0:
@@ -228,7 +206,7 @@ class RedisStore:
             if record is not None:
                 return record
             # Unreadable, it would stand in for a summary nobody can use until it expires: clear it, claim again.
-            await self._attempt("acquire", lambda: self._client.delete(keys[0]))
+            await self._calls.attempt("acquire", lambda: self._client.delete(keys[0]))
         raise StoreUnavailable("an unreadable summary record came back")
 
     def _held(self, namespace: str, prefix_hash: str, holder: str) -> Lease | Held:
@@ -241,7 +219,7 @@ class RedisStore:
 
     async def renew(self, lease: Lease) -> bool:
         keys = self._keys(lease.namespace, lease.prefix_hash)
-        return bool(await self._attempt("renew", lambda: self._scripts["renew"](
+        return bool(await self._calls.attempt("renew", lambda: self._scripts["renew"](
             keys=keys, args=[self._lock_ms, lease.prefix_hash, lease.value])))
 
     async def complete(self, lease: Lease, record: CompactedPrefix) -> bool:
@@ -254,21 +232,21 @@ class RedisStore:
     async def _finish(self, lease: Lease, value: bytes, outcome: str) -> bool:
         keys = self._keys(lease.namespace, lease.prefix_hash)
         message = f"{outcome} {lease.namespace}:{lease.prefix_hash} {lease.value}"  # parsed in _subscriber
-        return bool(await self._attempt("finish", lambda: self._scripts["finish"](
+        return bool(await self._calls.attempt("finish", lambda: self._scripts["finish"](
             keys=keys, args=[lease.prefix_hash, lease.value, value, self._ttl_ms, self._channel, message])))
 
     async def in_flight(self, namespace: str) -> frozenset[str]:
         flying = self._keys(namespace, "")[2]
-        members = await self._attempt("in_flight", lambda: self._scripts["flying"](keys=[flying]))
+        members = await self._calls.attempt("in_flight", lambda: self._scripts["flying"](keys=[flying]))
         return frozenset(_text(member) for member in members)
 
     async def holder(self, namespace: str, prefix_hash: str) -> str | None:
         lock = self._keys(namespace, prefix_hash)[1]
-        value = await self._attempt("holder", lambda: self._client.get(lock))
+        value = await self._calls.attempt("holder", lambda: self._client.get(lock))
         return None if value is None else _text(value)
 
     async def wait(self, namespace: str, prefix_hash: str, holder: str, timeout: float) -> str | None:
-        if self._closed:
+        if self._calls.closed:
             return CLOSED
         if self._listener is None or self._listener.done():
             self._listener = asyncio.get_running_loop().create_task(self._subscriber())
@@ -276,24 +254,25 @@ class RedisStore:
 
     async def _subscriber(self) -> None:
         """Hear every replica's announcements until close(); resubscribe with back-off after a failure."""
-        delay = self._health.first_delay
-        while not self._closed:
+        calls = self._calls
+        delay = calls.health.first_delay
+        while not calls.closed:
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self._channel)
                 self._announcements.subscribed.set()
-                delay = self._health.first_delay
-                while not self._closed:  # checked, not only cancelled: see flights._stop
+                delay = calls.health.first_delay
+                while not calls.closed:  # checked, not only cancelled: see flights._stop
                     message = await pubsub.get_message(timeout=1.0)
                     if message is not None and message.get("type") == "message":
                         self._hear(message["data"])
-            except (RedisError, *_UNREACHABLE) as error:
-                self._failed("subscribe", error)
+            except (RedisError, *UNREACHABLE) as error:
+                calls.failed("subscribe", error)
             finally:
                 self._announcements.subscribed.clear()
                 await self._close_quietly(pubsub)
             await asyncio.sleep(delay)  # waiters poll meanwhile
-            delay = min(delay * 2, self._health.max_delay)
+            delay = min(delay * 2, calls.health.max_delay)
 
     def _hear(self, data: bytes | str) -> None:
         """One announcement; anything else on the channel (a stray PUBLISH, another version) is counted and skipped,
@@ -311,67 +290,8 @@ class RedisStore:
     async def _close_quietly(pubsub: Any) -> None:
         try:
             await pubsub.aclose()
-        except (RedisError, *_UNREACHABLE):
+        except (RedisError, *UNREACHABLE):
             pass
-
-    # --- calling Redis -------------------------------------------------------------------------------------
-
-    async def _attempt(self, operation: str, work: Callable[[], Awaitable[T]]) -> T:
-        """Run one Redis call; StoreUnavailable (counted, logged) instead of any Redis error."""
-        if self._closed:
-            raise StoreUnavailable("the summary store is closed")
-        if not self._health.may_try():  # failing fast while Redis is down: counted, not logged again
-            self._failures.count(operation)
-            raise StoreUnavailable(self._health.last_error)
-        try:
-            result = await work()
-        except _UNREACHABLE as error:
-            self._failed(operation, error)
-            raise StoreUnavailable(self._health.last_error) from None
-        except RedisError as error:  # Redis answered but refused (out of memory, no permission, ...)
-            self._answered()
-            self._failures.count(operation)
-            self._failures.warn(operation, "redis store %s failed on %s: %s", operation, self.url,
-                                self._describe(error))
-            raise StoreUnavailable(self._describe(error)) from None
-        finally:
-            self._health.settle()
-        self._answered()
-        return result
-
-    async def _quietly(self, operation: str, work: Callable[[], Awaitable[Any]]) -> Any:
-        try:
-            return await self._attempt(operation, work)
-        except StoreUnavailable:
-            return None
-
-    def _failed(self, operation: str, error: BaseException, *, count: bool = True) -> None:
-        if count:
-            self._failures.count(operation)
-        description = self._describe(error)
-        if self._health.failed(description):
-            log.warning("redis store %s unreachable (%s): serving without summary reuse, single-flight per "
-                        "process, until it answers again", self.url, description)
-            if self._on_health is not None:
-                self._on_health(False)
-        else:
-            self._failures.warn(f"down:{operation}", "redis store %s still unreachable (%s: %s)", self.url,
-                                operation, description)
-
-    def _answered(self) -> None:
-        outage = self._health.succeeded()
-        if outage is not None:
-            log.warning("redis store %s reachable again after %.1fs of outage", self.url, outage)
-            if self._on_health is not None:
-                self._on_health(True)
-
-
-    def _describe(self, error: BaseException) -> str:
-        """The error's type and message, with anything that looks like our password scrubbed out."""
-        text = f"{type(error).__name__}: {error}"
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
 
     # --- records -------------------------------------------------------------------------------------------
 
@@ -384,7 +304,7 @@ class RedisStore:
             return None
         return value
 
-    def _decode(self, raw: bytes) -> CompactedPrefix | None:
+    def _decode(self, raw: bytes | str) -> CompactedPrefix | None:
         try:
             return CompactedPrefix.from_json(raw)
         except (ValueError, UnicodeDecodeError):
