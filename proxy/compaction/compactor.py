@@ -185,7 +185,9 @@ class Compactor:
         begun = self.begin(conversation, limits, model=model, trigger=trigger, headers=headers, overhead=overhead,
                            force=force, tools=tools, instructions=instructions, origin=origin)
         if isinstance(begun, str):
-            return Outcome(None, begun)
+            # Skipped for a failure just now (one this request may have waited on): the answer names that failure.
+            cause = self._backoff.cause(conversation.backoff_key) if begun == "backoff" else None
+            return Outcome(None, begun, cause)
         try:
             return Outcome(await asyncio.shield(begun.task), "compacted")
         except (SummarizerError, RemoteFailure) as error:
@@ -292,8 +294,7 @@ class Compactor:
         try:
             summary, messages, tokens_after = await self._fitting_summary(job)
         except Exception as error:  # a bug backs off too, rather than failing the same way on every turn
-            self._backoff.failed(job.backoff_key)
-            self._account_failure(job, error, time.monotonic() - started)
+            self._backoff.failed(job.backoff_key, self._account_failure(job, error, time.monotonic() - started))
             raise
         self._backoff.succeeded(job.backoff_key)
         record = CompactedPrefix(job.prefix_hash, job.prefix_len, tuple(messages),
@@ -398,7 +399,8 @@ class Compactor:
                 origin, namespace=job.namespace, trigger=job.trigger, limits=job.limits, plan=job.plan,
                 record=record, source=job.source, summary=summary, ratio=job.ratio, seconds=seconds)))
 
-    def _account_failure(self, job: Job, error: Exception, seconds: float) -> None:
+    def _account_failure(self, job: Job, error: Exception, seconds: float) -> str | None:
+        """The failure counted and logged, and in the journal when it is on: then its event's id."""
         calls, usage = (error.calls, error.usage) if isinstance(error, SummarizerError) else (0, {})
         self._metrics.compaction_failures.labels(job.trigger, type(error).__name__).inc()
         self._metrics.compaction_seconds.observe(seconds)
@@ -414,6 +416,8 @@ class Compactor:
                 source=job.source, model=job.model, error=error, calls=calls, usage=dict(usage), seconds=seconds)))
             if self._recorder.journal is not None:
                 tell_failure(error, job.failure_id)
+                return job.failure_id
+        return None
 
 
 def prepared_namespace(namespace: str) -> str:

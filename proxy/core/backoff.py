@@ -15,6 +15,7 @@ MAX_LEVEL = 3
 class _Entry:
     failures: int = 0
     skip: int = 0
+    cause: str | None = None  # what names the last failure (a journal event's id), if anything does
 
 
 @dataclass(frozen=True)
@@ -43,16 +44,23 @@ class Backoff:
             return Decision(False, min(entry.failures, MAX_LEVEL), entry.skip)
         return Decision(True, min(entry.failures, MAX_LEVEL), 0)
 
-    def failed(self, key: str) -> None:
+    def failed(self, key: str, cause: str | None = None) -> None:
+        """A failure for `key`; `cause` names it for the attempts it makes skip (see cause())."""
         entry = self._entries.pop(key, None) or _Entry()
         entry.failures += 1
         entry.skip = min(2 ** entry.failures - 1, MAX_SKIPPED)
+        entry.cause = cause
         self._entries[key] = entry
         while len(self._entries) > self._max_keys:
             self._entries.popitem(last=False)
 
     def succeeded(self, key: str) -> None:
         self._entries.pop(key, None)
+
+    def cause(self, key: str) -> str | None:
+        """What named the last failure of `key`, while it is remembered: a skipped attempt names it."""
+        entry = self._entries.get(key)
+        return entry.cause if entry is not None else None
 
 
 def shrink(ask_tokens: int, level: int, floor: int) -> int:

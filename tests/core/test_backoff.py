@@ -42,6 +42,24 @@ def test_the_table_is_bounded() -> None:
     assert backoff.decide("a").allowed and not backoff.decide("d").allowed
 
 
+def test_a_skipped_attempt_names_the_last_failure_while_it_is_remembered() -> None:
+    backoff = Backoff(max_keys=2)
+    assert backoff.cause("c") is None
+    backoff.failed("c", "event-1")
+    assert backoff.cause("c") == "event-1" and backoff.cause("other") is None
+    backoff.failed("c", "event-2")
+    assert backoff.cause("c") == "event-2"
+    backoff.failed("c")  # a failure nothing named: an older name would point at the wrong one
+    assert backoff.cause("c") is None
+    backoff.failed("c", "event-3")
+    backoff.succeeded("c")
+    assert backoff.cause("c") is None
+    backoff.failed("a", "event-a")
+    for key in "bc":
+        backoff.failed(key, f"event-{key}")
+    assert backoff.cause("a") is None and backoff.cause("c") == "event-c"
+
+
 @pytest.mark.parametrize(("ask", "level", "expected"), [(1000, 0, 1000), (1000, 1, 500), (1000, 2, 250),
                                                         (1000, 3, 128), (1000, 9, 128), (200, 1, 128)])
 def test_shrink(ask: int, level: int, expected: int) -> None:

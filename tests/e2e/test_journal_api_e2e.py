@@ -9,13 +9,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from proxy.compaction.recorder import conversation_of
 from proxy.core.tenants import journal_owner
 from tests.conftest import ProxyFactory
 from tests.e2e.test_compaction_e2e import WINDOW, big_history, compaction_config
 from tests.fakes.agent import AgentModel, run_agent
-from tests.fakes.hostile_summariser import HostileSummariser, answering
+from tests.fakes.hostile_summariser import HostileSummariser, Reply, answering
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
 from tests.ports import free_port
@@ -278,6 +279,36 @@ async def test_a_failed_summary_is_named_on_the_answer_it_failed(journal: bool, 
     assert event["reason"] and event["summarizer"]["calls"] >= 1
     [listed] = await settled_requests(proxy.url, bearer(KEY), 2)
     assert listed["requests"] == 2
+
+
+def slowly(reply: Reply, seconds: float) -> Reply:
+    """`reply`, after `seconds`: long enough for a second request to join the summary in flight."""
+    async def delayed(request: web.Request, body: dict[str, Any], fake: HostileSummariser) -> web.StreamResponse:
+        await asyncio.sleep(seconds)
+        return await reply(request, body, fake)
+    return delayed
+
+
+async def test_requests_that_waited_on_one_failed_summary_all_name_its_event(fake: FakeUpstream,
+                                                                           make_proxy: ProxyFactory) -> None:
+    summariser = HostileSummariser(WindowedModel(window=WINDOW), slowly(answering(""), 2.0))
+    fake.chat_hook = summariser
+    proxy = await make_proxy(journal_config())
+    client = async_client(proxy.url, api_key=KEY, default_headers={TENANT_HEADER: "acme"})
+    try:
+        await client.chat.completions.create(model="fake-small", messages=big_history(1))
+        answers = await asyncio.gather(*(client.chat.completions.with_raw_response.create(
+            model="fake-small", messages=big_history(20)) for _ in range(2)))
+    finally:
+        await client.close()
+    # The second waited on the first's summary (in flight when it arrived) and was then skipped by the back-off
+    # that failure began, or joined the flight itself: either way it names the one failure.
+    assert [answer.headers["x-compaction"] for answer in answers] == ["failed", "failed"]
+    assert {answer.headers.get("x-compaction-id") for answer in answers} == {answers[0].headers["x-compaction-id"]}
+    assert sum(received.summarizer for received in summariser.model.received) == 1  # one flight, not two
+    status, event = await read(proxy.url, f"/events/{answers[0].headers['x-compaction-id']}", bearer(KEY))
+    assert status == 200, event
+    assert (event["kind"], event["outcome"]) == ("summary", "failed")
 
 
 async def settled_requests(url: str, headers: dict[str, str], requests: int) -> list[dict[str, Any]]:
