@@ -1,5 +1,5 @@
 """Deterministic checks after the summariser writes: no replaced value named as current, no reply copied as the
-plan, the user's rules in the user's words."""
+plan, the user's rules in the user's words, exact values spelled as the conversation spells them."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from proxy.core.messages import Message, content_text, role
 from proxy.summarizer.stated import EXACT, MAX_SENTENCE_CHARS, mentions, overrides
@@ -22,6 +23,13 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(])")
 _SPACE = re.compile(r"\s+")
 _WORD = re.compile(r"[\w./:@+-]+")
 _SHOWN = 80
+# Fields the model writes in its own words: an exact value there is spelled as the conversation spells it.
+RESPELLED_LIST_FIELDS = ("user_intent", "technical_concepts", "errors_and_fixes", "problem_solving", "pending_tasks")
+RESPELLED_TEXT_FIELDS = ("current_work", "next_step")
+# A value's skeleton: its letters and digits, case folded. Below this length two different values share one by chance.
+MIN_SKELETON_CHARS = 6
+_NOT_SKELETON = re.compile(r"[\W_]+")
+_STRIPPED = ".,:;()\"'"
 
 
 @dataclass(frozen=True)
@@ -30,7 +38,7 @@ class Correction:
 
     field: str
     # "replaced_value" | "copied_reply" | "decision_current" | "replaced_is_current" | "quoted" | "unfounded"
-    # | "misquoted"
+    # | "misquoted" | "respelled"
     rule: str
     text: str  # what was dropped or rewritten, shortened
 
@@ -82,6 +90,8 @@ def corrected(summary: StructuredSummary, messages: Sequence[Message]) -> tuple[
     constraints = _quoted(summary.constraints, messages, corrections)
     if constraints != summary.constraints:
         changes["constraints"] = constraints
+    changes |= _respelled({name: changes.get(name, getattr(summary, name))
+                           for name in (*RESPELLED_LIST_FIELDS, *RESPELLED_TEXT_FIELDS)}, messages, corrections)
     return (replace(summary, **changes) if changes else summary), tuple(corrections)  # type: ignore[arg-type]
 
 
@@ -119,8 +129,54 @@ def _holding(values: set[str], sentences: Sequence[str]) -> list[str]:
 
 def _exact_values(text: str) -> set[str]:
     """The values `text` names exactly: its tokens with a digit or inner punctuation (a path, a host, a version)."""
-    tokens = {token.strip(".,:;()\"'") for token in _WORD.findall(text)}
+    tokens = {token.strip(_STRIPPED) for token in _WORD.findall(text)}
     return {token for token in tokens if token and EXACT.search(token)}
+
+
+def _respelled(fields: dict[str, Any], messages: Sequence[Message],
+               corrections: list[Correction]) -> dict[str, Any]:
+    """The fields that name an exact value spelled otherwise than the conversation spells it, respelled: a small
+    model writes "1701_add_krillIndex" for "1701_add_krill_index", and a reader repeats the summary's spelling."""
+    spellings: dict[str, str | None] | None = None
+    changed: dict[str, Any] = {}
+    for name, value in fields.items():
+        texts = (value,) if isinstance(value, str) else value if isinstance(value, tuple) else ()
+        if not any(EXACT.search(text) for text in texts):
+            continue
+        spellings = spellings if spellings is not None else _spellings(messages)
+        fixed = tuple(_respell(text, spellings) for text in texts)
+        if fixed != texts:
+            first = next(text for text, fix in zip(texts, fixed, strict=True) if text != fix)
+            corrections.append(Correction(name, "respelled", _short(first)))
+            changed[name] = fixed[0] if isinstance(value, str) else fixed
+    return changed
+
+
+def _spellings(messages: Sequence[Message]) -> dict[str, str | None]:
+    """Each exact value the conversation holds, by its skeleton; None where it spells one skeleton two ways (which
+    was meant cannot be told)."""
+    found: dict[str, str | None] = {}
+    for message in messages:
+        for value in _exact_values(_message_text(message)):
+            key = _skeleton(value)
+            if len(key) >= MIN_SKELETON_CHARS:
+                known = found.setdefault(key, value)
+                if known is not None and known.lower() != value.lower():
+                    found[key] = None
+    return found
+
+
+def _respell(text: str, spellings: dict[str, str | None]) -> str:
+    def fix(match: re.Match[str]) -> str:
+        word = match.group()
+        token = word.strip(_STRIPPED)
+        right = spellings.get(_skeleton(token)) if token and EXACT.search(token) else None
+        return word.replace(token, right, 1) if right is not None and right.lower() != token.lower() else word
+    return _WORD.sub(fix, text)
+
+
+def _skeleton(value: str) -> str:
+    return _NOT_SKELETON.sub("", value).lower()
 
 
 def _founded(decisions: tuple[Decision, ...], messages: Sequence[Message],
@@ -151,8 +207,12 @@ def _said_checked(decision: Decision, corrections: list[Correction]) -> Decision
 
 
 def _message_words(message: Message) -> str:
+    return _message_text(message).lower()
+
+
+def _message_text(message: Message) -> str:
     calls = message.get("tool_calls")
-    return (content_text(message.get("content")) + (json.dumps(calls) if calls else "")).lower()
+    return content_text(message.get("content")) + (json.dumps(calls) if calls else "")
 
 
 def _current_decisions(decisions: tuple[Decision, ...], replaced: dict[str, str],

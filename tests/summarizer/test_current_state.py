@@ -209,3 +209,39 @@ def test_a_decisions_quote_that_names_none_of_its_values_is_dropped(said: str | 
     assert fixed.decisions == ((decision,) if kept else (Decision(decision.topic, decision.current,
                                                                    decision.replaced, None),))
     assert [c.rule for c in corrections] == ([] if kept else ["misquoted"])
+
+
+MIGRATION = "Decision: the schema change goes into a new migration named 1701_add_krill_index."
+
+
+@pytest.mark.parametrize(("field", "written", "respelled"), [
+    ("problem_solving", ("The schema change goes into a new migration named 1701_add_krillIndex",),
+     ("The schema change goes into a new migration named 1701_add_krill_index",)),
+    ("current_work", "Writing `1701-Add-Krill-Index`.", "Writing `1701_add_krill_index`."),  # its punctuation kept
+    ("pending_tasks", ("edit src/ledger/sync.py", "run migrations/1701-add-krill-index.sql"),
+     ("edit src/ledger/sync.py", "run migrations/1701_add_krill_index.sql")),  # from a tool call's arguments
+    ("next_step", "Run 1701_add_krill_index on ledger-staging-7.", None),  # spelled as said: nothing to do
+    ("errors_and_fixes", ("ledgersync_v2 failed",), None),  # the conversation spells it two ways: left alone
+    ("user_intent", ("ship v12",), None),  # "v1.2": too short a skeleton to tell a respelling from another value
+    ("technical_concepts", ("SRC/LEDGER/SYNC.PY",), None),  # case alone is the same value
+    ("problem_solving", ("1416_add_vesar",), None),  # no value of the conversation has its skeleton
+])
+def test_an_exact_value_is_spelled_as_the_conversation_spells_it(field: str, written: Any, respelled: Any) -> None:
+    history = [{"role": "user", "content": "Fix the reconcile tests on v1.2. Both ledgersync-v2 and ledgersync_v2 "
+                                           "are names in use."},
+               {"role": "assistant", "content": MIGRATION, "tool_calls": [{"id": "c", "type": "function", "function": {
+                   "name": "edit_file", "arguments": '{"path": "migrations/1701_add_krill_index.sql"}'}}]},
+               {"role": "tool", "tool_call_id": "c", "content": "see src/ledger/sync.py and ledger-staging-7"}]
+    fixed, corrections = corrected(StructuredSummary(**{field: written}), history)
+    assert getattr(fixed, field) == (written if respelled is None else respelled)
+    assert [(c.field, c.rule) for c in corrections] == ([] if respelled is None else [(field, "respelled")])
+
+
+def test_a_respelled_value_is_checked_after_the_other_rules() -> None:
+    summary = StructuredSummary(current_work="Writing snapfmt_Old_1 files, then 1701_add_krillIndex.",
+                                next_step="Apply 1701-add-krill-index.")
+    fixed, corrections = corrected(summary, [*HISTORY, {"role": "assistant", "content": MIGRATION}])
+    assert fixed.current_work is None  # stating the replaced value as current goes first, respelled or not
+    assert fixed.next_step == "Apply 1701_add_krill_index."
+    assert [(c.field, c.rule) for c in corrections] == [("current_work", "replaced_value"),
+                                                         ("next_step", "respelled")]
