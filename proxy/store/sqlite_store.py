@@ -38,6 +38,7 @@ _RETRY_WRITABLE_SECONDS = 30.0
 # How much longer than SQLite's own lock wait a caller waits for the store's thread: past that, the disk itself is
 # stuck and the caller goes on without the store (the thread finishes on its own, holding up only store work).
 _GRACE_SECONDS = 0.25
+_WAL_RETRY_SECONDS = 0.01  # between asks for WAL mode while another connection sets it up
 # Failures to open for writing that mean "read-only here" (a read-only mount, a file or directory we may not write).
 _READ_ONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 _READ_ONLY_SQLITE = ("SQLITE_READONLY", "SQLITE_CANTOPEN")
@@ -100,13 +101,27 @@ def _open_writable(path: Path, busy_seconds: float) -> _Handle:
     identity = _create_private(path)
     connection = sqlite3.connect(path, timeout=busy_seconds, check_same_thread=False, isolation_level=None)
     try:
-        connection.execute("PRAGMA journal_mode=WAL")
+        _write_ahead(connection, busy_seconds)
         connection.execute("PRAGMA synchronous=NORMAL")
         connection.executescript(_SCHEMA)
     except sqlite3.Error:
         connection.close()
         raise
     return _Handle(connection, identity, True, time.monotonic())
+
+
+def _write_ahead(connection: sqlite3.Connection, busy_seconds: float) -> None:
+    """WAL mode. Two connections opening a new file at once both ask for it, and SQLite refuses the second at once
+    (SQLITE_BUSY, no busy handler): it is asked again until `busy_seconds` have passed. Runs on a store's thread."""
+    deadline = time.monotonic() + busy_seconds
+    while True:
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if error.sqlite_errorname != "SQLITE_BUSY" or time.monotonic() >= deadline:
+                raise
+            time.sleep(_WAL_RETRY_SECONDS)
 
 
 def _open_read_only(path: Path, busy_seconds: float) -> _Handle:

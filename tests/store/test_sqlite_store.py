@@ -23,6 +23,7 @@ import pytest
 from proxy.config import StoreConfig
 from proxy.core.fingerprint import hash_chain
 from proxy.core.tenants import tenant_namespace
+from proxy.store.sqlite_store import _write_ahead
 from proxy.store.store import CompactedPrefix, SummaryStore
 from proxy.store.stores import open_store
 from tests.conftest import ProxyFactory
@@ -335,3 +336,24 @@ async def test_chat_is_served_while_another_connection_holds_the_store_file(
     errors = await store_errors(proxy.url)
     assert errors.get("put", 0) >= 1 and (errors.get("lookup", 0) >= 1) == readers_too, errors
     assert_no_traceback(caplog)
+
+
+def test_wal_mode_is_asked_again_while_another_connection_holds_the_file(tmp_path: Path) -> None:
+    # Two journals opening one new file at once: the second's PRAGMA journal_mode=WAL was refused at once
+    # (SQLITE_BUSY, no busy handler) and its first write dropped, about one run in twenty.
+    path = tmp_path / "store.sqlite3"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    waiting = sqlite3.connect(path, timeout=0.0, isolation_level=None, check_same_thread=False)
+    with pytest.raises(sqlite3.OperationalError):
+        _write_ahead(waiting, 0.05)  # held past the wait: refused, as before
+    release = threading.Timer(0.2, holder.execute, ("COMMIT",))
+    release.start()
+    started = time.monotonic()
+    _write_ahead(waiting, 5.0)
+    release.join()
+    assert 0.1 < time.monotonic() - started < 5.0
+    assert waiting.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    waiting.close()
+    holder.close()
