@@ -72,16 +72,16 @@ class Pace:
         A conversation that was never in time (a client with no pause between turns) waits whatever the start: it is
         left to the mark, where a summary costs least. False while the spacing or the summary's time is unknown, and
         for a summariser quicker than MIN_LATE_SECONDS."""
-        turns = self._turns.get(key)
-        if turns is None or turns.interval is None or summary_seconds is None \
-                or not self.judges(key, summary_seconds):
+        judged = self._judged(key, summary_seconds)
+        if judged is None:
             return False
+        turns, interval, seconds = judged
         # The conversation shrinks only when a summary is spliced in: a new cycle. The lead alone would also grow
         # back when a large input is followed by a small one, or old results are cleared.
         if turns.prompt is not None and prompt < turns.prompt:
             turns.in_time = False
         turns.prompt = prompt
-        needed = MARGIN * summary_seconds / max(turns.interval, 1e-3)  # turns a summary started now takes
+        needed = MARGIN * seconds / max(interval, 1e-3)  # turns a summary started now takes
         # The request that would splice it in is the one `needed` turns after the next.
         passing = passes(1 + math.ceil(needed)) if passes is not None else None
         if not (passing if passing is not None else max(0, lead) / max(1, growth) < needed):
@@ -92,9 +92,14 @@ class Pace:
     def judges(self, key: str, summary_seconds: float | None) -> bool:
         """Whether `late` can be anything but False for conversation `key`: its spacing and the summary's time are
         known, and the summary is slow enough to matter."""
+        return self._judged(key, summary_seconds) is not None
+
+    def _judged(self, key: str, summary_seconds: float | None) -> tuple[_Turns, float, float] | None:
+        """The conversation's turns, their spacing and the summary's time, when `late` can judge them (see judges)."""
         turns = self._turns.get(key)
-        return turns is not None and turns.interval is not None and summary_seconds is not None \
-            and summary_seconds >= MIN_LATE_SECONDS
+        if turns is None or turns.interval is None or summary_seconds is None or summary_seconds < MIN_LATE_SECONDS:
+            return None
+        return turns, turns.interval, summary_seconds
 
     def growth(self, key: str) -> float | None:
         """What a turn of conversation `key` adds to its prompt, as measured (its answer resent, its next input, the
