@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.core.messages import Message, content_text, role
-from proxy.summarizer.stated import EXACT, MAX_SENTENCE_CHARS, mentions, overrides
+from proxy.summarizer.stated import EXACT, MAX_SENTENCE_CHARS, announced, mentions, overrides
 from proxy.summarizer.stated import sentences as stated_sentences
 from proxy.summarizer.summary import Decision, StructuredSummary
 
@@ -30,6 +30,13 @@ RESPELLED_TEXT_FIELDS = ("current_work", "next_step")
 MIN_SKELETON_CHARS = 6
 _NOT_SKELETON = re.compile(r"[\W_]+")
 _STRIPPED = ".,:;()\"'"
+# A replaced value is a value ("SQLite", "port 5432"); past this many words with no exact value it is a sentence
+# a small model set down as replaced ("The tests were failing due to rounding issues"), not a decision's value.
+MAX_VALUE_WORDS = 6
+# A quote cut short by the model (… or ...): each piece must be the user's words.
+_QUOTE_CUT = re.compile(r"\s*(?:…|\.\.\.)\s*")
+# Markup a small model copies from the transcript's framing into the user's messages ("<tool_response>").
+_MARKUP_ONLY = re.compile(r"\s*(?:</?[\w:-]+\s*/?>\s*)+")
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,7 @@ class Correction:
 
     field: str
     # "replaced_value" | "copied_reply" | "decision_current" | "replaced_is_current" | "quoted" | "unfounded"
-    # | "misquoted" | "respelled"
+    # | "misquoted" | "respelled" | "replaced_later" | "not_a_value" | "unsaid" | "empty" | "markup"
     rule: str
     text: str  # what was dropped or rewritten, shortened
 
@@ -64,14 +71,19 @@ def replaced_values(summary: StructuredSummary, stated: Sequence[tuple[str, str]
 def corrected(summary: StructuredSummary, messages: Sequence[Message]) -> tuple[StructuredSummary,
                                                                                 tuple[Correction, ...]]:
     """The summary with the checks applied, and what they changed (nothing: the same summary)."""
-    stated = overrides(messages)
-    replaced = replaced_values(summary, stated)
     corrections: list[Correction] = []
     changes: dict[str, object] = {}
-    decisions = _founded(_current_decisions(summary.decisions, replaced, corrections), messages, corrections)
-    decisions = tuple(_said_checked(decision, corrections) for decision in decisions)
+    own = _replaced_checked(summary.decisions, messages, corrections)
+    replaced = replaced_values(replace(summary, decisions=own), overrides(messages))
+    decisions = _founded(_current_decisions(own, replaced, corrections), messages, corrections)
+    decisions = _said_by_user(tuple(_said_checked(decision, corrections) for decision in decisions), messages,
+                              corrections)
     if decisions != summary.decisions:
         changes["decisions"] = decisions
+    users = tuple(item for item in summary.user_messages if not _MARKUP_ONLY.fullmatch(item))
+    if users != summary.user_messages:
+        corrections.append(Correction("user_messages", "markup", _short(summary.user_messages[0])))
+        changes["user_messages"] = users
     for name in CURRENT_LIST_FIELDS:
         items: tuple[str, ...] = getattr(summary, name)
         kept = tuple(item for item in items if not _names_replaced(item, replaced, name, corrections))
@@ -204,6 +216,63 @@ def _said_checked(decision: Decision, corrections: list[Correction]) -> Decision
         return decision
     corrections.append(Correction("decisions", "misquoted", _short(decision.said)))
     return replace(decision, said=None)
+
+
+def _replaced_checked(decisions: tuple[Decision, ...], messages: Sequence[Message],
+                      corrections: list[Correction]) -> tuple[Decision, ...]:
+    """Each decision with only the replaced values it can have replaced: not a sentence standing for a value, not
+    a decision announced after its current value was (a later decision is not replaced by an earlier one: a small
+    model lists the other decisions in force as replaced); a decision left with no value at all is dropped."""
+    order: dict[str, int] | None = None
+    kept = []
+    for decision in decisions:
+        olds = []
+        for old in decision.replaced:
+            if not _exact_values(old) and len(old.split()) > MAX_VALUE_WORDS:
+                corrections.append(Correction("decisions", "not_a_value", _short(old)))
+                continue
+            order = order if order is not None else _announced_order(messages)
+            if _announced_after(old, decision.current or "", order):
+                corrections.append(Correction("decisions", "replaced_later", _short(old)))
+                continue
+            olds.append(old)
+        if not decision.current and not olds:
+            corrections.append(Correction("decisions", "empty", _short(decision.topic or "")))
+            continue
+        kept.append(decision if len(olds) == len(decision.replaced) else replace(decision, replaced=tuple(olds)))
+    return tuple(kept)
+
+
+def _announced_order(messages: Sequence[Message]) -> dict[str, int]:
+    """Each exact value of a decision announced or a change of mind stated, with where it was last decided."""
+    return {value.lower(): index for index, text in announced(messages, changes=True)
+            for value in _exact_values(text) | ({text} if EXACT.search(text) else set())}
+
+
+def _announced_after(old: str, current: str, order: dict[str, int]) -> bool:
+    """Whether every exact value of `old` was decided later than every one of `current` (both decided)."""
+    olds = [order.get(value.lower()) for value in _exact_values(old)]
+    nows = [order.get(value.lower()) for value in _exact_values(current)]
+    if not olds or not nows or None in olds or None in nows:
+        return False
+    return min(index for index in olds if index is not None) > max(index for index in nows if index is not None)
+
+
+def _said_by_user(decisions: tuple[Decision, ...], messages: Sequence[Message],
+                  corrections: list[Correction]) -> tuple[Decision, ...]:
+    """Each decision's quote is the user's words (whole, or cut short with an ellipsis): a quote nobody said is
+    dropped ("I noticed that the rounding bug was causing problems", written as the user's)."""
+    if not any(decision.said for decision in decisions):
+        return decisions
+    words = "\n".join(_folded(content_text(message.get("content"))) for message in messages if role(message) == "user")
+    checked = []
+    for decision in decisions:
+        pieces = [piece for piece in _QUOTE_CUT.split(_folded(decision.said or "")) if piece]
+        if pieces and not all(piece in words for piece in pieces):
+            corrections.append(Correction("decisions", "unsaid", _short(decision.said or "")))
+            decision = replace(decision, said=None)
+        checked.append(decision)
+    return tuple(checked)
 
 
 def _message_words(message: Message) -> str:

@@ -35,6 +35,11 @@ WRITE_WORDS = ("edit", "write", "patch", "create", "replace", "apply", "insert",
 MAX_ERROR_LINES = 3     # per tool result: the failing test, the error, the tally
 MAX_LINE_CHARS = 240    # one quoted line of output
 MAX_VALUE_CHARS = 80    # one argument of a file action
+# Why a command ran, in the agent's words: the call's own description (Claude Code's Bash takes one), else the
+# sentence of the calling message that quotes the command ("I will run only the failing shard tests with `…`").
+# A command kept without it is one of several a reader cannot tell apart.
+PURPOSE_KEYS = ("description",)
+MAX_PURPOSE_CHARS = 240
 MAX_USER_CHARS = 1200   # one user message: past this its middle goes
 # An assistant message without tool calls reports to the user ("Found it: the bug is in …"); a short one is kept
 # whole, a longer one (an essay, an answer to a question) is left to the model's summary.
@@ -68,6 +73,14 @@ class Action:
     detail: str                 # the file action: the name and its other arguments, shortened
     errors: tuple[str, ...]
     settings: tuple[str, ...] = ()  # the output's lines, when it reads as settings (a config file, `env`)
+    purpose: str = ""           # why it ran: its description, or the agent's sentence quoting the command
+
+    @property
+    def heading(self) -> str:
+        """What it ran, with why: the agent's sentence when it quotes the command, else the label."""
+        if not self.purpose:
+            return self.label
+        return self.purpose if self.command and self.command in self.purpose else f"{self.label} ({self.purpose})"
 
 
 @dataclass(frozen=True)
@@ -92,11 +105,12 @@ def gather(messages: Sequence[Message], kept: Iterable[Message] = ()) -> Evidenc
     results = {message.get("tool_call_id"): content_text(message.get("content")) for message in messages
                if role(message) == "tool"}
     actions = tuple(action for message in messages if role(message) == "assistant"
-                    for call in message.get("tool_calls") or () if (action := _action(call, results)) is not None)
+                    for call in message.get("tool_calls") or ()
+                    if (action := _action(call, results, content_text(message.get("content")))) is not None)
     return Evidence(users, actions, conclusions, stated.decisions(messages), stated.rules(messages))
 
 
-def _action(call: Any, results: dict[Any, str]) -> Action | None:
+def _action(call: Any, results: dict[Any, str], said: str = "") -> Action | None:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         return None
@@ -114,7 +128,17 @@ def _action(call: Any, results: dict[Any, str]) -> Action | None:
     label = f"`{command}`" if command else f"{name}({_shortened(json.dumps(arguments), MAX_VALUE_CHARS)})"
     output = results.get(call.get("id"), "")
     return Action(label, command, path, any(word in name.lower() for word in WRITE_WORDS), detail,
-                  tuple(_error_lines(output)), _settings(output))
+                  tuple(_error_lines(output)), _settings(output), _purpose(command, arguments, said))
+
+
+def _purpose(command: str | None, arguments: dict[str, Any], said: str) -> str:
+    """Why `command` ran: the call's description, else the latest sentence of `said` quoting it (short ones only)."""
+    if command is None:
+        return ""
+    if (described := _first_text(arguments, PURPOSE_KEYS)) is not None:
+        return _shortened(" ".join(described.split()), MAX_VALUE_CHARS)
+    quoting = [sentence for sentence in stated.sentences(said) if command in sentence]
+    return quoting[-1] if quoting and len(quoting[-1]) <= MAX_PURPOSE_CHARS else ""
 
 
 def _first_text(arguments: dict[str, Any], keys: Sequence[str]) -> str | None:
@@ -246,7 +270,8 @@ def _items(evidence: Evidence) -> Iterator[_Item]:
     for action in newest:
         if action.command and not action.errors and action.command not in done and action.label not in done:
             done.add(action.command)
-            yield _Item("problem_solving", f"ran `{action.command}`", exact=False)
+            ran = action.heading if action.command in action.purpose else f"ran {action.heading}"
+            yield _Item("problem_solving", ran, exact=False)
     yield from _file_items(newest, writes=False, done=done)
 
 
@@ -255,7 +280,7 @@ def _error_item(action: Action) -> _Item:
     not a tally (all of them when all are)."""
     telling = tuple(line for line in action.errors if not TALLY.fullmatch(line)) or action.errors
     # "output", not "printed": asked what a test printed, a small model took a quoted tally for the answer.
-    return _Item("errors_and_fixes", f"{action.label} output: " + " | ".join(map(inline_code, action.errors)),
+    return _Item("errors_and_fixes", f"{action.heading} output: " + " | ".join(map(inline_code, action.errors)),
                  needed=(action.command or action.label, *telling))
 
 

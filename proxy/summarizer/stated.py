@@ -120,15 +120,23 @@ def _topic(sentence: str) -> str | None:
 
 def _announced(messages: Sequence[Message]) -> list[str]:
     """What follows "Decision:" (and the like) in the user's and the agent's prose, one sentence each."""
+    return [text for _, text in announced(messages)]
+
+
+def announced(messages: Sequence[Message], *, changes: bool = False) -> list[tuple[int, str]]:
+    """(message index, what was decided) for each decision announced as one ("Decision: …"), and with `changes`
+    each change of mind the user stated (its new value), oldest first."""
     found = []
-    for message in messages:
+    for index, message in enumerate(messages):
         if role(message) not in ("user", "assistant"):
             continue
         for sentence in sentences(content_text(message.get("content"))):
             match = _ANNOUNCED.match(sentence)
             rest = sentence[match.end():].strip() if match else ""
             if rest and len(rest) <= MAX_SENTENCE_CHARS and EXACT.search(rest):
-                found.append(rest)
+                found.append((index, rest))
+            if changes and role(message) == "user":
+                found.extend((index, change.new) for change in sentence_overrides(sentence))
     return found
 
 

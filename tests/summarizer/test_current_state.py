@@ -204,7 +204,7 @@ SNAPSHOTS = "use snapfmt_raven_7b7 instead of snapfmt_amber_7ef for the ledger s
 ])
 def test_a_decisions_quote_that_names_none_of_its_values_is_dropped(said: str | None, kept: bool) -> None:
     decision = Decision("snapshots", "ledger snapshots use snapfmt_raven_7b7", ("snapfmt_amber_7ef",), said)
-    history = [{"role": "user", "content": f"Good. One change: {SNAPSHOTS}"}]
+    history = [{"role": "user", "content": f"Good. One change: {SNAPSHOTS} We dropped snapfmt_amber_7ef."}]
     fixed, corrections = corrected(StructuredSummary(decisions=(decision,)), history)
     assert fixed.decisions == ((decision,) if kept else (Decision(decision.topic, decision.current,
                                                                    decision.replaced, None),))
@@ -245,3 +245,69 @@ def test_a_respelled_value_is_checked_after_the_other_rules() -> None:
     assert fixed.next_step == "Apply 1701_add_krill_index."
     assert [(c.field, c.rule) for c in corrections] == [("current_work", "replaced_value"),
                                                          ("next_step", "respelled")]
+
+
+# A conversation with two decisions announced (the format first, the migration after) and a change of mind.
+DECIDED = [{"role": "user", "content": "Fix the reconcile tests. I noticed the rounding bug breaks the ledger."},
+           {"role": "assistant", "content": "Decision: ledger snapshots will be written in the snapfmt_amber_a54 "
+                                            "format."},
+           {"role": "assistant", "content": "Decision: the schema change goes into a new migration named "
+                                            "7226_add_onyx_index."},
+           {"role": "user", "content": "Please use Postgres instead of SQLite for the cache."}]
+AMBER = "ledger snapshots will be written in the snapfmt_amber_a54 format."
+ONYX = "the schema change goes into a new migration named 7226_add_onyx_index."
+
+
+# (the model's decision, the decisions after the checks, the rules that fired)
+DECISION_CASES: list[tuple[Decision, tuple[Decision, ...], list[str]]] = [
+    # a decision announced after the current one cannot be what the current one replaced
+    (Decision("current", AMBER, (ONYX,)), (Decision("current", AMBER),), ["replaced_later"]),
+    # announced before it: a later decision replacing an earlier one is kept
+    (Decision("migration", ONYX, (AMBER,)), (Decision("migration", ONYX, (AMBER,)),), []),
+    # the user's change of mind, the old value marked replaced
+    (Decision("cache", "Postgres", ("SQLite",)), (Decision("cache", "Postgres", ("SQLite",)),), []),
+    # a sentence in the place of a value goes; the decision stays for its current value
+    (Decision(None, AMBER, ("The reconciliation tests were failing due to rounding issues in the ledger",)),
+     (Decision(None, AMBER),), ["not_a_value"]),
+    # an open decision whose only replaced entry was a sentence is left with nothing: dropped
+    (Decision("current", None, ("The reconciliation tests were failing due to rounding issues in the ledger",)),
+     (), ["not_a_value", "empty"]),
+    # a short replaced value without an exact one stays, said or not
+    (Decision("store", "Postgres", ("plain files",)), (Decision("store", "Postgres", ("plain files",)),), []),
+    # a quote the user never said goes; the user's words, whole or cut short, stay
+    (Decision("cache", "Postgres", ("SQLite",), "I noticed that the rounding bug was causing problems"),
+     (Decision("cache", "Postgres", ("SQLite",)),), ["unsaid"]),
+    (Decision("cache", "Postgres", ("SQLite",), "use Postgres instead of SQLite"),
+     (Decision("cache", "Postgres", ("SQLite",), "use Postgres instead of SQLite"),), []),
+    (Decision("cache", "Postgres", ("SQLite",), "Please use Postgres … for the cache."),
+     (Decision("cache", "Postgres", ("SQLite",), "Please use Postgres … for the cache."),), []),
+    (Decision("cache", "Postgres", ("SQLite",), "use Postgres ... for the whole app"),
+     (Decision("cache", "Postgres", ("SQLite",)),), ["unsaid"]),
+]
+
+
+@pytest.mark.parametrize(("written", "checked", "rules"), DECISION_CASES)
+def test_a_decision_keeps_only_what_it_can_have_replaced_and_what_the_user_said(
+        written: Decision, checked: tuple[Decision, ...], rules: list[str]) -> None:
+    fixed, corrections = corrected(StructuredSummary(decisions=(written,)), DECIDED)
+    assert fixed.decisions == checked
+    assert [c.rule for c in corrections] == rules
+
+
+def test_a_value_marked_replaced_by_a_later_decision_no_longer_polices_the_other_fields() -> None:
+    summary = StructuredSummary(decisions=(Decision(None, AMBER, (ONYX,)),), current_work=f"Writing {ONYX}")
+    fixed, corrections = corrected(summary, DECIDED)
+    assert fixed.current_work == f"Writing {ONYX}"
+    assert [c.rule for c in corrections] == ["replaced_later"]
+
+
+@pytest.mark.parametrize(("written", "kept"), [
+    (("<tool_response>", "Fix the reconcile tests."), ("Fix the reconcile tests.",)),
+    (("</tool_call>", " <tool_response> </tool_response> "), ()),
+    (("Use <b>bold</b> in the report.",), None),  # markup inside words is the user's
+])
+def test_markup_in_the_place_of_a_users_message_is_dropped(written: tuple[str, ...],
+                                                          kept: tuple[str, ...] | None) -> None:
+    fixed, corrections = corrected(StructuredSummary(user_messages=written), DECIDED)
+    assert fixed.user_messages == (written if kept is None else kept)
+    assert [(c.field, c.rule) for c in corrections] == ([] if kept is None else [("user_messages", "markup")])

@@ -526,3 +526,38 @@ def test_the_room_a_left_out_entry_took_goes_to_the_entries_after_it() -> None:
                                                                           COUNTER.count_text)[0]))
     assert not has_file(complete(StructuredSummary(), "", evidence, room, COUNTER.count_text)[0])
     assert has_file(complete(written, written.render(), evidence, room, COUNTER.count_text)[0])
+
+
+SHARDS = "pytest tests/payments/test_shards_3a0.py -k reconcile --maxfail=1"
+
+
+@pytest.mark.parametrize(("said", "arguments", "error_entry"), [
+    # the agent's sentence quoting the command stands for it, output after it
+    (f"To iterate faster I will run only the failing shard tests with `{SHARDS}`.", {"command": SHARDS},
+     f"To iterate faster I will run only the failing shard tests with `{SHARDS}`. output: `1 failed, 0 passed`"),
+    # the call's own description (Claude Code's Bash) after the command
+    (None, {"command": SHARDS, "description": "Run only the failing\nshard tests"},
+     f"`{SHARDS}` (Run only the failing shard tests) output: `1 failed, 0 passed`"),
+    # a sentence that does not quote the command says nothing of it
+    ("Running the tests.", {"command": SHARDS}, f"`{SHARDS}` output: `1 failed, 0 passed`"),
+    # the latest sentence quoting it; a paragraph-long one is no purpose
+    (f"First `{SHARDS}`. Then `{SHARDS}` to check the fix.", {"command": SHARDS},
+     f"Then `{SHARDS}` to check the fix. output: `1 failed, 0 passed`"),
+    ("Now " + "very " * 60 + f"carefully `{SHARDS}`.", {"command": SHARDS}, f"`{SHARDS}` output: `1 failed, 0 passed`"),
+    # a description that is not text is no purpose
+    (None, {"command": SHARDS, "description": ["x"]}, f"`{SHARDS}` output: `1 failed, 0 passed`"),
+])
+def test_a_command_is_kept_with_why_it_ran(said: str | None, arguments: dict[str, Any], error_entry: str) -> None:
+    history = [{**call("c1", "run_command", arguments), "content": said}, result("c1", "1 failed, 0 passed")]
+    summary, added = complete(StructuredSummary(), "", gather(history), 400, COUNTER.count_text)
+    assert added == 1
+    assert summary.errors_and_fixes == (error_entry,)
+
+
+def test_a_command_that_did_not_fail_is_kept_with_why_it_ran_in_the_agents_words() -> None:
+    history = [{**call("c1", "run_command", {"command": "git log -3"}), "content": "I check `git log -3` first."},
+               result("c1", "abc123 fix"),
+               call("c2", "run_command", {"command": "git status", "description": "Show the tree"}),
+               result("c2", "clean")]
+    summary, _ = complete(StructuredSummary(), "", gather(history), 400, COUNTER.count_text)
+    assert summary.problem_solving == ("ran `git status` (Show the tree)", "I check `git log -3` first.")
