@@ -21,7 +21,8 @@ from proxy.config import Settings
 from proxy.dialects.call import is_positive
 from proxy.headers import MODE
 
-# Larger bodies are read whole anyway: the glance would cost what it saves.
+# Larger bodies are read whole anyway when the proxy compacts: the glance would cost what it saves. With compaction
+# off nothing reads them whole, whatever their size: the glance is all the reading a request gets.
 MAX_BYTES = 256 * 1024
 # Tokens a chat template may add beyond the body's own bytes (role markers, a tool-use preamble).
 TEMPLATE_TOKENS = 1024
@@ -36,7 +37,8 @@ def judged(settings: Settings, stated: Callable[[str], int | None], markers: tup
            headers: Mapping[str, str]) -> str | None:
     """The request's model when it can be relayed as it came, unread, else None. `stated` is the smallest window
     anyone stated for a model, None for only the default's guess; `markers` the dialect's (Dialect.quick_markers)."""
-    if not settings.compaction.glance or (payload := payload_of(body, headers, markers)) is None:
+    limit = MAX_BYTES if settings.compaction.enabled else None
+    if not settings.compaction.glance or (payload := payload_of(body, headers, markers, max_bytes=limit)) is None:
         return None
     model = payload.get("model")
     model = model if isinstance(model, str) else ""
@@ -49,10 +51,12 @@ def judged(settings: Settings, stated: Callable[[str], int | None], markers: tup
     return model if far_below(len(body), reserve, first_limit(settings, model, window)) else None
 
 
-def payload_of(body: bytes, headers: Mapping[str, str], markers: tuple[bytes, ...] | None) -> dict[str, Any] | None:
+def payload_of(body: bytes, headers: Mapping[str, str], markers: tuple[bytes, ...] | None, *,
+               max_bytes: int | None = MAX_BYTES) -> dict[str, Any] | None:
     """The body's JSON object when a glance may judge the request; None when it must go the whole way: a
-    dialect that translates (no markers), a large body, a marker of what the proxy must read, the client's mode."""
-    if markers is None or len(body) > MAX_BYTES or MODE in headers:
+    dialect that translates (no markers), a body over `max_bytes`, a marker of what the proxy must read, the
+    client's mode."""
+    if markers is None or (max_bytes is not None and len(body) > max_bytes) or MODE in headers:
         return None
     if any(marker in body for marker in markers):
         return None

@@ -48,6 +48,24 @@ def settings_with(**compaction: Any) -> Settings:
     return settings_from_mapping({"compaction": compaction}, env={})
 
 
+LARGE = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * glance.MAX_BYTES + b'"}]}'
+
+
+@pytest.mark.parametrize(("compaction", "body", "headers", "markers", "model"), [
+    ({"enabled": False}, LARGE, {}, CHAT.quick_markers, "m"),         # off: relayed unread at any size
+    ({"enabled": False}, SMALL, {}, CHAT.quick_markers, "m"),
+    ({}, LARGE, {}, CHAT.quick_markers, None),                        # on: a large body goes the whole way
+    ({"enabled": False}, LARGE, {MODE: "auto"}, CHAT.quick_markers, None),       # the client asks something
+    ({"enabled": False}, LARGE, {}, MESSAGES_OVER_CHAT.quick_markers, None),     # a dialect that translates
+    ({"enabled": False}, LARGE[:-1], {}, CHAT.quick_markers, None),               # broken: the whole way says why
+    ({"enabled": False, "glance": False}, SMALL, {}, CHAT.quick_markers, None),  # no glance at all
+])
+def test_with_compaction_off_a_body_of_any_size_is_relayed_unread(
+        compaction: dict[str, Any], body: bytes, headers: dict[str, str], markers: tuple[bytes, ...] | None,
+        model: str | None) -> None:
+    assert glance.judged(settings_with(**compaction), lambda _: 100_000, markers, body, headers) == model
+
+
 @pytest.mark.parametrize(("compaction", "limit"), [
     ({}, 60_000),                                                           # clearing's 0.6 before the 0.8 threshold
     ({"threshold": 0.5, "target": 0.4}, 50_000),

@@ -82,6 +82,23 @@ async def test_a_small_request_is_relayed_byte_for_byte_and_not_charted(
     assert await charted_points(proxy.url, 1) == 1
 
 
+async def test_with_compaction_off_a_large_body_is_relayed_byte_for_byte(
+        fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    """Past the glance's size cap, compaction off: nothing reads the body whole, so nothing rewrites it (an integer
+    past 64 bits stays exact, the client's formatting stays), nothing refuses what only the whole way's guards would
+    (nesting deeper than the proxy reads: the upstream judges its own bodies) and nothing charts it."""
+    proxy = await make_proxy(config(enabled=False))
+    payload = chat([*big_history(1), {"role": "user", "content": "x " * glance.MAX_BYTES}],
+                   metadata={"trace": 123456789012345678901234567890, "deep": json.loads("[" * 200 + "]" * 200)})
+    raw = json.dumps(payload, indent=1).encode()
+    assert len(raw) > glance.MAX_BYTES
+    status, headers, answer = await post(proxy.url, raw)
+    assert status == 200, answer
+    assert headers[COMPACTION] == "none"
+    assert fake.requests[-1].body == raw
+    assert await charted_points(proxy.url, 0) == 0
+
+
 @pytest.mark.parametrize("case", ["image", "unknown window", "mode header", "shadow mode", "glance off"])
 async def test_what_a_byte_count_cannot_judge_goes_the_whole_way(case: str, model: WindowedModel,
                                                                  make_proxy: ProxyFactory) -> None:
