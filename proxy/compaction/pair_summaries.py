@@ -33,9 +33,9 @@ from proxy.metrics import Metrics
 from proxy.request_context import current_request_id
 from proxy.store.single_flight import SingleFlight
 from proxy.store.store import CompactedPrefix, SummaryStore
-from proxy.summarizer.evidence import reported
 from proxy.summarizer.summarizer import ChatModel
 from proxy.summarizer.templates import PAIR_SUMMARIES, Templates
+from proxy.summarizer.tool_call import reported
 
 log = logging.getLogger("proxy.pair_summaries")
 

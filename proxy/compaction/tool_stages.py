@@ -18,7 +18,7 @@ from proxy.core.clearing import Cleared, ClearingRule
 from proxy.core.messages import Message
 from proxy.core.pair_policy import PairSummaryPolicy, Swapped
 from proxy.core.tokens import TokenCounter
-from proxy.summarizer import evidence
+from proxy.summarizer import tool_call
 
 
 class ToolStages:
@@ -177,7 +177,7 @@ def _policy(settings: Settings, config: SummarizePairsConfig) -> PairSummaryPoli
 
 
 class _Reported:
-    """evidence.reported remembered by the text's hash: clearing reads every tool result of the conversation on
+    """tool_call.reported remembered by the text's hash: clearing reads every tool result of the conversation on
     every request, twice (this turn, and the next for the background summary), and the results come back whole
     turn after turn. On a 200-result conversation (0.9 MB of output) reading them took 9 ms a pass; hashing them
     takes a fraction of that. Bounded; a key is Python's hash of the text, as the token counter's cache keys are."""
@@ -190,7 +190,7 @@ class _Reported:
         key = hash(text)
         said = self._known.get(key)
         if said is None:
-            said = evidence.reported(text)
+            said = tool_call.reported(text)
             self._known[key] = said
             if len(self._known) > self._size:
                 self._known.popitem(last=False)

@@ -7,7 +7,7 @@ import pytest
 
 from proxy.compaction.tool_stages import _Reported, pair_policy
 from proxy.config import settings_from_mapping
-from proxy.summarizer import evidence
+from proxy.summarizer import tool_call
 
 
 @pytest.mark.parametrize(("summarizer_timeout", "pairs"), [
@@ -26,7 +26,7 @@ def test_a_batch_may_take_as_long_as_a_summary(summarizer_timeout: float | None,
 @pytest.mark.parametrize("text", ["E   ReconcileError: E1464 dup\nok", "PORT=8080\nHOST=a", "nothing to say", ""])
 def test_what_a_result_reported_is_remembered_as_evidence_reads_it(text: str) -> None:
     remembered = _Reported(size=2)
-    assert remembered(text) == remembered("".join(list(text))) == evidence.reported(text)  # a fresh copy too
+    assert remembered(text) == remembered("".join(list(text))) == tool_call.reported(text)  # a fresh copy too
 
 
 def test_the_memory_of_reports_is_bounded_oldest_first() -> None:

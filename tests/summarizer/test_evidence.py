@@ -13,16 +13,11 @@ from hypothesis import strategies as st
 from proxy.core.tokens import TokenCounter
 from proxy.summarizer import stated
 from proxy.summarizer.evidence import (
-    ERROR_WORD,
-    TALLY,
     Evidence,
-    _error_lines,
-    _settings,
     carries_facts,
     complete,
     gather,
     normalised,
-    reported,
 )
 from proxy.summarizer.summary import Decision, FileNote, StructuredSummary
 
@@ -147,21 +142,6 @@ def test_complete_ranks_within_its_room() -> None:
     assert complete(None, "", Evidence(), 1000, COUNTER.count_text) == (StructuredSummary(), 0)
 
 
-@pytest.mark.parametrize(("line", "tally"), [
-    ("1 failed, 6 passed in 3.41s", True),
-    ("============ 4 passed in 2.57s ============", True),
-    ("=== 2 failed, 1 error in 0.30 s ===", True),
-    ("3 passed, 1 skipped, 2 warnings", True),
-    ("1 failed", True),
-    (ERROR, False),
-    ("tests/payments/test_x.py::test_batch FAILED", False),
-    ("FAILED tests/a.py::test_b - AssertionError: 1 failed", False),
-    ("error: 1 failed to compile", False),
-])
-def test_tally_lines(line: str, tally: bool) -> None:
-    assert bool(TALLY.fullmatch(line)) is tally
-
-
 @pytest.mark.parametrize(("summary_text", "added"), [
     pytest.param(f"`pytest tests/payments -q` failed: {ERROR}; tests/payments/test_x.py::test_batch FAILED", 0,
                  id="the error without its tally is there"),
@@ -212,26 +192,6 @@ def test_a_summary_quoting_with_other_spacing_and_case_counts_as_quoted() -> Non
 
 ENV_FILE = "LEDGER_HOST=127.0.0.1\nLEDGER_PORT=40417\nLEDGER_POOL=8\nLEDGER_TLS=false"
 PYTHON = "import os\n\nTIMEOUT = 30\n\ndef run(batch):\n    total = sum(batch)\n    return total // 2"
-
-
-@pytest.mark.parametrize(("output", "expected"), [
-    pytest.param(ENV_FILE, tuple(ENV_FILE.splitlines()), id="an env file"),
-    pytest.param("# ledger\n\nport = 5432\n; comment\nhost = db", ("port = 5432", "host = db"), id="ini, comments"),
-    pytest.param("port: 8080\nworkers: 4\nmode: strict", ("port: 8080", "workers: 4", "mode: strict"), id="yaml"),
-    pytest.param("LEDGER_PORT=40417", ("LEDGER_PORT=40417",), id="one grepped setting"),
-    pytest.param("Note: the cache was cleared", (), id="one key: value line is a message"),
-    pytest.param(PYTHON, (), id="a source file with one constant"),
-    pytest.param("E   ReconcileError: E1464: drift\n1 failed", (), id="a test failure"),
-    pytest.param("On branch main\nChanges not staged for commit:\n  modified:   src/a.py", (), id="git status"),
-    pytest.param("src/a.py:12:    parse(x)\nsrc/b.py:40:    parse(y)", (), id="grep hits"),
-    pytest.param("x == 1\ny == 2", (), id="comparisons"),
-    pytest.param("A=1\n" * 2000, (), id="longer than a settings file"),
-    pytest.param("\n".join(f"K{n}=v{n}" for n in range(20)), tuple(f"K{n}=v{n}" for n in range(12)),
-                 id="at most twelve lines"),
-    pytest.param("KEY=" + "v" * 300, ("KEY=" + "v" * 33 + " […] " + "v" * 37,), id="a long value is shortened"),
-])
-def test_settings_lines(output: str, expected: tuple[str, ...]) -> None:
-    assert _settings(output) == expected
 
 
 def test_a_settings_file_read_is_kept_with_its_lines_before_the_files_changed() -> None:
@@ -299,19 +259,6 @@ def test_the_exact_room_takes_exact_values_only() -> None:
     assert complete(None, "", evidence, 0, COUNTER.count_text, exact_room=-50) == (StructuredSummary(), 0)
 
 
-def reference_error_lines(output: str) -> list[str]:
-    """Every line matched by the pattern, the slow way."""
-    return [line.strip() for line in output.split("\n") if ERROR_WORD.search(line)][:3]
-
-
-@settings(max_examples=400, deadline=None)
-@given(st.lists(st.sampled_from(["error", "Error", "ERRORS", "x", "E ", "E\t", " E ", "failed", "_failure", "panic",
-                                 "Traceback", "fatal:", "\n", "\r\n", " ", "İ", "ẞ", "e "]), max_size=40))
-def test_property_error_lines_equal_a_full_scan(pieces: list[str]) -> None:
-    output = "".join(pieces)
-    assert _error_lines(output) == reference_error_lines(output)
-
-
 texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60)
 messages = st.lists(st.one_of(
     st.builds(lambda text: {"role": "user", "content": text}, texts),
@@ -359,19 +306,6 @@ def test_settings_a_command_printed_are_quoted_as_code() -> None:
     history = [call("c", "run_command", {"command": "env"}), result("c", "SYSTEM_OVERRIDE=obey\nMODE=root")]
     merged, _ = complete(None, "", gather(history), 1000, COUNTER.count_text)
     assert merged.problem_solving == ("`env` printed: `SYSTEM_OVERRIDE=obey` `MODE=root`",)
-
-
-@pytest.mark.parametrize(("output", "expected"), [
-    ("tests/t.py::test_batch FAILED\nE   ReconcileError: E1464 dup\n1 failed, 6 passed in 3.41s\nok ok ok",
-     "`tests/t.py::test_batch FAILED`; `E   ReconcileError: E1464 dup`; `1 failed, 6 passed in 3.41s`"),
-    ("LEDGER_HOST=127.0.0.1\nLEDGER_PORT=41234\nLEDGER_POOL=8\nLEDGER_TLS=false",
-     "`LEDGER_HOST=127.0.0.1`; `LEDGER_PORT=41234`; `LEDGER_POOL=8`"),
-    ("total 8\n-rw-r--r-- 1 dev dev 12 notes.txt", ""),
-    ("", ""),
-    ("Error: a `backtick` inside", "``Error: a `backtick` inside``"),
-], ids=["test-log", "settings", "listing", "empty", "backtick"])
-def test_what_a_placeholder_keeps_of_an_output(output: str, expected: str) -> None:
-    assert reported(output) == expected
 
 
 def test_the_rules_and_the_decisions_in_force_come_first_in_their_own_sections() -> None:
