@@ -14,16 +14,20 @@ miss every stored summary rather than match a wrong one, because each link also 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from proxy.core.fingerprint import canonical_json, chain_link, chain_root, digest_of
 from proxy.core.tokens import TokenCounter
 from proxy.offload import LARGE
 
 DEFAULT_ENTRIES = 100_000  # messages remembered; about 0.4 KB each whatever the message's size
+_SORTED_DUMPS = functools.partial(orjson.dumps, option=orjson.OPT_SORT_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +79,13 @@ class HistoryIndex:
 
     def _look_up(self, messages: Sequence[Any]) -> tuple[list[int], list[_Entry | None], dict[int, tuple[int, bytes]]]:
         """Each message's key and entry (None when new), and the new ones: key -> (first position, canonical)."""
-        canonical = [canonical_json(message) for message in messages]
-        keys = [hash(text) for text in canonical]
-        get = self._entries.get
-        found = [get(key) for key in keys]
+        # Mapped at C speed: a Python step per message was a tenth of this pass on a 400-message history.
+        try:
+            canonical = list(map(_SORTED_DUMPS, messages))  # canonical_json's fast path
+        except (TypeError, orjson.JSONEncodeError):
+            canonical = list(map(canonical_json, messages))
+        keys = list(map(hash, canonical))
+        found = list(map(self._entries.get, keys))
         missing: dict[int, tuple[int, bytes]] = {}
         for index, entry in enumerate(found):
             if entry is None and keys[index] not in missing:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import repeat
 
 from proxy.core.messages import Message
 from proxy.dialects.call import JsonCall
@@ -17,7 +18,7 @@ class ChatCall(JsonCall):
     def messages(self) -> list[Message] | None:
         """The messages when they are a non-empty list of objects (checked once: a history can hold thousands)."""
         messages = self.payload.get("messages")
-        if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
+        if isinstance(messages, list) and messages and all(map(isinstance, messages, repeat(dict))):
             return messages
         return None
 

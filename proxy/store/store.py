@@ -164,8 +164,16 @@ class MemoryStore:
             self._remove(next(iter(self._entries)))
 
     async def longest_match(self, namespace: str, chain: Sequence[str]) -> CompactedPrefix | None:
-        for prefix_hash in reversed(chain):
-            record = self._lookup((namespace, prefix_hash))
+        # The fewer of the two is walked: a chain of 400 links against a store of a few records (or none) costs
+        # the records, not 400 lookups; a store of thousands against a short chain costs the chain.
+        if len(self._entries) < len(chain):
+            at = dict(zip(chain, range(len(chain)), strict=True))
+            keys = [key for key in self._entries if key[0] == namespace and key[1] in at]
+            candidates = sorted(keys, key=lambda key: at[key[1]], reverse=True)
+        else:
+            candidates = [(namespace, prefix_hash) for prefix_hash in reversed(chain)]
+        for key in candidates:
+            record = self._lookup(key)
             if record is not None and record.matches(chain):
                 return record
         return None

@@ -1,4 +1,4 @@
-"""The benchmarks run end to end: `bench --quick --only small,stream` (with its floor column) and
+"""The benchmarks run end to end: `bench --quick --only small,stream` (with its floor column), `bench.calls` and
 `bench.summary_parse` print tables; each benchmark starts without pytest."""
 
 from __future__ import annotations
@@ -72,8 +72,24 @@ def test_the_summary_parse_benchmark_prints_a_time_per_shape_and_size() -> None:
         assert cells["last step"].endswith("x")
 
 
-@pytest.mark.parametrize("module", ["bench", "bench.agents", "bench.fidelity", "bench.hostile", "bench.small_windows",
-                                    "bench.reuse_latency", "bench.soak"])
+def test_the_calls_benchmark_counts_each_targets_python_calls_per_request() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.calls", "--requests", "3", "--only", "small", "--top", "3"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = table(done.stdout)
+    assert list(rows) == ["small: Python calls per request", "small: the same / floor's (x)"]
+    counts = {column: float(cell) for column, cell in rows["small: Python calls per request"].items()}
+    assert list(counts) == ["floor", "proxy off", "proxy on"]
+    # The floor does the least any aiohttp proxy can; the proxy does that and more (its log, metrics, glance).
+    assert 0 < counts["floor"] < counts["proxy off"] and counts["floor"] < counts["proxy on"]
+    assert rows["small: the same / floor's (x)"]["floor"] == "—"
+    assert float(rows["small: the same / floor's (x)"]["proxy on"]) == pytest.approx(
+        counts["proxy on"] / counts["floor"], abs=0.01)
+    assert done.stdout.count("the functions whose calls grew most per request") == 3
+
+
+@pytest.mark.parametrize("module", ["bench", "bench.agents", "bench.calls", "bench.fidelity", "bench.hostile",
+                                    "bench.small_windows", "bench.reuse_latency", "bench.soak"])
 def test_a_benchmark_starts_without_pytest(module: str) -> None:
     """The fakes and helpers a benchmark shares with the tests import no pytest: a machine with only the
     benchmark's dependencies runs it."""

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.config import StoreConfig
 from proxy.core.fingerprint import hash_chain
@@ -350,3 +352,38 @@ async def test_key_is_reusable_and_keys_are_independent() -> None:
     assert await flights.run("k", factory("two")) == "two"
     assert await asyncio.gather(flights.run("a", factory("a")), flights.run("b", factory("b"))) == ["a", "b"]
     assert calls == ["one", "two", "a", "b"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 30), st.lists(st.tuples(st.integers(1, 30), st.booleans(), st.booleans()), max_size=25),
+       st.integers(0, 30))
+def test_memory_longest_match_walks_the_fewer_and_finds_what_a_walk_of_the_chain_finds(
+        length: int, records: list[tuple[int, bool, bool]], others: int) -> None:
+    """Records at random prefixes (of this chain or another's; this tenant's or another's, some expired), and as
+    many unrelated ones: the store walks its records or the chain, whichever is fewer, with the same answer."""
+    clock = FakeClock()
+    store = MemoryStore(max_entries=1000, ttl_seconds=TTL, clock=clock)
+    chain, other_chain = hash_chain(history(length), TENANT), hash_chain(history(30, salt="x"), TENANT)
+
+    async def fill() -> None:
+        for prefix, ours, own_tenant in records:
+            target = chain if ours and prefix <= length else other_chain
+            await store.put(TENANT if own_tenant else OTHER_TENANT, record_for(target, min(prefix, len(target))))
+        clock.now += TTL / 2
+        for index in range(others):
+            await store.put(TENANT, record_for(other_chain, index % 30 + 1, model=f"other {index}"))
+
+    async def reference() -> CompactedPrefix | None:
+        for prefix_hash in reversed(chain):
+            record = await store.get(TENANT, prefix_hash)
+            if record is not None and record.matches(chain):
+                return record
+        return None
+
+    async def check() -> None:
+        await fill()
+        assert await store.longest_match(TENANT, chain) == await reference()
+        clock.now += TTL  # every record expired: nothing matches, whichever way the store walks
+        assert await store.longest_match(TENANT, chain) is None
+
+    asyncio.run(check())
