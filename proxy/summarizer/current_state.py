@@ -17,6 +17,10 @@ from proxy.summarizer.summary import Decision, StructuredSummary
 # Fields that state what is current: a value the conversation replaced must not appear there as if it were.
 CURRENT_LIST_FIELDS = ("user_intent", "pending_tasks")
 CURRENT_TEXT_FIELDS = ("current_work", "next_step")
+# History fields may name a replaced value (what was tried); an entry that says the value holds now states it as
+# current all the same ("Snapshots are now written in snapfmt_a").
+CURRENT_SAYING_FIELDS = ("problem_solving", "technical_concepts")
+_NOW = re.compile(r"\b(?:now|currently|from here on|going forward|still|in use|in force|is current)\b", re.IGNORECASE)
 # A copied reply: the plan must not be the assistant's own words; below this many characters a match is chance.
 MIN_COPIED_CHARS = 40
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(])")
@@ -87,6 +91,12 @@ def corrected(summary: StructuredSummary, messages: Sequence[Message]) -> tuple[
     for name in CURRENT_LIST_FIELDS:
         items: tuple[str, ...] = getattr(summary, name)
         kept = tuple(item for item in items if not _names_replaced(item, replaced, name, corrections))
+        if kept != items:
+            changes[name] = kept
+    for name in CURRENT_SAYING_FIELDS:
+        items = getattr(summary, name)
+        kept = tuple(item for item in items
+                     if not (_NOW.search(item) and _names_replaced(item, replaced, name, corrections)))
         if kept != items:
             changes[name] = kept
     for name in CURRENT_TEXT_FIELDS:

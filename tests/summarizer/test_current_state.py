@@ -311,3 +311,17 @@ def test_markup_in_the_place_of_a_users_message_is_dropped(written: tuple[str, .
     fixed, corrections = corrected(StructuredSummary(user_messages=written), DECIDED)
     assert fixed.user_messages == (written if kept is None else kept)
     assert [(c.field, c.rule) for c in corrections] == ([] if kept is None else [("user_messages", "markup")])
+
+
+@pytest.mark.parametrize(("field", "written", "kept"), [
+    ("problem_solving", ("Snapshots are now written in snapfmt_old_1.", "Ran the tests."), ("Ran the tests.",)),
+    ("problem_solving", ("Tried snapfmt_old_1 first; it broke the reader.",), None),  # history: what was tried
+    ("problem_solving", ("snapfmt_old_1 is now replaced by snapfmt_new_2.",), None),  # names the replacement
+    ("technical_concepts", ("snapfmt_old_1, currently in use",), ()),
+    ("technical_concepts", ("the snapfmt family of formats",), None),
+])
+def test_a_history_entry_saying_a_replaced_value_holds_now_is_dropped(field: str, written: tuple[str, ...],
+                                                                     kept: tuple[str, ...] | None) -> None:
+    fixed, corrections = corrected(StructuredSummary(**{field: written}), HISTORY)
+    assert getattr(fixed, field) == (written if kept is None else kept)
+    assert [(c.field, c.rule) for c in corrections] == ([] if kept is None else [(field, "replaced_value")])
