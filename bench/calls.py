@@ -1,6 +1,6 @@
 """Python calls per request, counted by cProfile inside each target: a figure the machine's load does not move.
 
-Usage: python -m bench.calls [--requests N] [--only small,long] [--proxy-root PATH ...]
+Usage: python -m bench.calls [--requests N] [--only small,long,reuse] [--proxy-root PATH ...]
 
 How to read it
 --------------
@@ -33,7 +33,7 @@ from bench.targets import proxy_config
 from tests.ports import free_port
 
 WARMUP = 20
-SHAPES = ("small", "long")
+SHAPES = ("small", "long", "reuse")
 MAX_SECONDS = 600.0
 TOP = 40  # functions kept per count, for --top
 
