@@ -39,6 +39,9 @@ _STRIPPED = ".,:;()\"'"
 MAX_VALUE_WORDS = 6
 # A quote cut short by the model (… or ...): each piece must be the user's words.
 _QUOTE_CUT = re.compile(r"\s*(?:…|\.\.\.)\s*")
+# The summary's own rendering of a decision, copied by a small model from an earlier summary into a value: what
+# follows it is another value's record, not part of this one.
+_RENDERED = re.compile(r"\s*\((?:replaced, no longer current|the user):.*", re.DOTALL)
 # Markup a small model copies from the transcript's framing into the user's messages ("<tool_response>").
 _MARKUP_ONLY = re.compile(r"\s*(?:</?[\w:-]+\s*/?>\s*)+")
 
@@ -49,7 +52,7 @@ class Correction:
 
     field: str
     # "replaced_value" | "copied_reply" | "decision_current" | "replaced_is_current" | "quoted" | "unfounded"
-    # | "misquoted" | "respelled" | "replaced_later" | "not_a_value" | "unsaid" | "empty" | "markup"
+    # | "misquoted" | "respelled" | "replaced_later" | "not_a_value" | "unsaid" | "empty" | "markup" | "rendered"
     rule: str
     text: str  # what was dropped or rewritten, shortened
 
@@ -235,7 +238,7 @@ def _replaced_checked(decisions: tuple[Decision, ...], messages: Sequence[Messag
     model lists the other decisions in force as replaced); a decision left with no value at all is dropped."""
     order: dict[str, int] | None = None
     kept = []
-    for decision in decisions:
+    for decision in map(lambda decision: _unrendered(decision, corrections), decisions):
         olds = []
         for old in decision.replaced:
             if not _exact_values(old) and len(old.split()) > MAX_VALUE_WORDS:
@@ -251,6 +254,18 @@ def _replaced_checked(decisions: tuple[Decision, ...], messages: Sequence[Messag
             continue
         kept.append(decision if len(olds) == len(decision.replaced) else replace(decision, replaced=tuple(olds)))
     return tuple(kept)
+
+
+def _unrendered(decision: Decision, corrections: list[Correction]) -> Decision:
+    """The decision with its values cut where the summary's rendering of another one was copied into them
+    ("snapfmt_b (replaced, no longer current: snapfmt_a (replaced, …"); a value left empty is none."""
+    copied = [value for value in (decision.current or "", *decision.replaced) if _RENDERED.search(value)]
+    if not copied:
+        return decision
+    corrections.append(Correction("decisions", "rendered", _short(copied[0])))
+    current = _RENDERED.sub("", decision.current or "").strip() or None
+    olds = (_RENDERED.sub("", old).strip() for old in decision.replaced)
+    return replace(decision, current=current, replaced=tuple(dict.fromkeys(old for old in olds if old)))
 
 
 def _announced_order(messages: Sequence[Message]) -> dict[str, int]:

@@ -283,6 +283,17 @@ DECISION_CASES: list[tuple[Decision, tuple[Decision, ...], list[str]]] = [
      (Decision("cache", "Postgres", ("SQLite",), "Please use Postgres … for the cache."),), []),
     (Decision("cache", "Postgres", ("SQLite",), "use Postgres ... for the whole app"),
      (Decision("cache", "Postgres", ("SQLite",)),), ["unsaid"]),
+    # an earlier summary's rendering copied into a value: cut there, and the rest checked as any value
+    (Decision("current", ONYX, ("ledger snapshots will be written in the snapfmt_raven_7b7 format. (replaced, no "
+                                "longer current: ledger snapshots will be written in the snapfmt_amber_a54 format.)",)),
+     (Decision("current", ONYX, ("ledger snapshots will be written in the snapfmt_raven_7b7 format.",)),),
+     ["rendered"]),
+    (Decision("current", AMBER, (f"{ONYX} (replaced, no longer current: {AMBER}) (the user: \"no\")",)),
+     (Decision("current", AMBER),), ["rendered", "replaced_later"]),
+    (Decision("cache", 'Postgres (the user: "use Postgres instead of SQLite")', ("SQLite",)),
+     (Decision("cache", "Postgres", ("SQLite",)),), ["rendered"]),
+    (Decision("cache", "(replaced, no longer current: SQLite)", ("SQLite",)),
+     (Decision("cache", None, ("SQLite",)),), ["rendered"]),
 ]
 
 
