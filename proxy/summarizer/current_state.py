@@ -91,15 +91,11 @@ def corrected(summary: StructuredSummary, messages: Sequence[Message]) -> tuple[
     if users != summary.user_messages:
         corrections.append(Correction("user_messages", "markup", _short(summary.user_messages[0])))
         changes["user_messages"] = users
-    for name in CURRENT_LIST_FIELDS:
+    for name in (*CURRENT_LIST_FIELDS, *CURRENT_SAYING_FIELDS):
         items: tuple[str, ...] = getattr(summary, name)
-        kept = tuple(item for item in items if not _names_replaced(item, replaced, name, corrections))
-        if kept != items:
-            changes[name] = kept
-    for name in CURRENT_SAYING_FIELDS:
-        items = getattr(summary, name)
-        kept = tuple(item for item in items
-                     if not (_NOW.search(item) and _names_replaced(item, replaced, name, corrections)))
+        saying = name in CURRENT_SAYING_FIELDS  # a history field states as current only what it says holds now
+        kept = tuple(item for item in items if not ((not saying or _NOW.search(item))
+                                                    and _names_replaced(item, replaced, name, corrections)))
         if kept != items:
             changes[name] = kept
     for name in CURRENT_TEXT_FIELDS:
@@ -238,7 +234,7 @@ def _replaced_checked(decisions: tuple[Decision, ...], messages: Sequence[Messag
     model lists the other decisions in force as replaced); a decision left with no value at all is dropped."""
     order: dict[str, int] | None = None
     kept = []
-    for decision in map(lambda decision: _unrendered(decision, corrections), decisions):
+    for decision in (_unrendered(written, corrections) for written in decisions):
         olds = []
         for old in decision.replaced:
             if not _exact_values(old) and len(old.split()) > MAX_VALUE_WORDS:
