@@ -29,6 +29,8 @@ from pathlib import Path
 from bench.load_client import LoadClient
 from bench.machine import commit
 from bench.processes import BENCH_ROOT, Child, spawn, start_upstream, stop, wait_proxy, wait_until
+from bench.scenarios import Row
+from bench.table import render
 from bench.targets import proxy_config
 from tests.ports import free_port
 
@@ -107,17 +109,17 @@ def counted(start: Start, directory: Path, shape: str, requests: int, upstream_p
     return Counted((sum(after.values()) - sum(before.values())) / requests, tuple(reversed(grown[-TOP:])))
 
 
-def table(results: dict[str, dict[str, Counted]], shapes: Sequence[str]) -> list[str]:
-    columns = list(results)
-    lines = ["| figure | " + " | ".join(columns) + " |", "| --- |" + " ---: |" * len(columns)]
+def rows(results: dict[str, dict[str, Counted]], shapes: Sequence[str]) -> list[Row]:
+    """Each shape's calls per request, and the same over the floor's (the floor's own cell empty)."""
+    found = []
     for shape in shapes:
         floor = results["floor"][shape].calls
-        lines.append(f"| {shape}: Python calls per request | "
-                     + " | ".join(f"{results[column][shape].calls:.0f}" for column in columns) + " |")
-        lines.append(f"| {shape}: the same / floor's (x) | "
-                     + " | ".join("—" if column == "floor" else f"{results[column][shape].calls / floor:.2f}"
-                                  for column in columns) + " |")
-    return lines
+        found.append(Row(f"{shape}: Python calls per request", "calls",
+                         {column: by_shape[shape].calls for column, by_shape in results.items()}))
+        found.append(Row(f"{shape}: the same / floor's", "x", {column: by_shape[shape].calls / floor
+                                                                for column, by_shape in results.items()
+                                                                if column != "floor"}))
+    return found
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -153,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                                for shape in args.shapes} for label, start in starts.items()}
         finally:
             stop(upstream)
-    print(f"python: {platform.python_version()}  \nrequests counted per shape: {args.requests}  \n")
-    print("\n".join(table(results, args.shapes)))
+    header = [f"python: {platform.python_version()}", f"requests counted per shape: {args.requests}"]
+    print(render(header, list(results), rows(results, args.shapes)))
     for label, by_shape in results.items() if args.top else ():
         for shape, result in by_shape.items():
             print(f"\n{label}, {shape}: the functions whose calls grew most per request")

@@ -77,8 +77,8 @@ def test_the_calls_benchmark_counts_each_targets_python_calls_per_request() -> N
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = table(done.stdout)
-    assert list(rows) == ["small: Python calls per request", "small: the same / floor's (x)"]
-    counts = {column: float(cell) for column, cell in rows["small: Python calls per request"].items()}
+    assert list(rows) == ["small: Python calls per request (calls)", "small: the same / floor's (x)"]
+    counts = {column: float(cell) for column, cell in rows["small: Python calls per request (calls)"].items()}
     assert list(counts) == ["floor", "proxy off", "proxy on"]
     # The floor does the least any aiohttp proxy can; the proxy does that and more (its log, metrics, glance).
     assert 0 < counts["floor"] < counts["proxy off"] and counts["floor"] < counts["proxy on"]
