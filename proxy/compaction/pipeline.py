@@ -30,6 +30,7 @@ from proxy.core.tenants import namespace_for
 from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage
 from proxy.core.view import View
+from proxy.dialects.body_memo import BodyMemo
 from proxy.dialects.dialect import Dialect
 from proxy.errors import ProxyError
 from proxy.headers import (
@@ -55,7 +56,8 @@ class Pipeline(Generic[C]):
     def __init__(self, dialect: Dialect[C], settings: Settings, upstream: Upstream, compactor: Compactor,
                  counter: TokenCounter, calibration: Calibration, windows: ContextWindows, metrics: Metrics,
                  history: HistoryIndex | None = None, count: Callable[[str], None] | None = None,
-                 stages: ToolStages | None = None, recorder: Recorder | None = None) -> None:
+                 stages: ToolStages | None = None, recorder: Recorder | None = None,
+                 bodies: BodyMemo | None = None) -> None:
         """`count` sees what compaction did for each answer (x-compaction), for a dialect's own counter; `stages`
         are the tool-result stages (without: clearing only, no pair summaries)."""
         self._settings = settings
@@ -69,6 +71,7 @@ class Pipeline(Generic[C]):
         self._windows = windows
         self._metrics = metrics
         self._history = history or HistoryIndex(counter)
+        self._bodies = bodies or BodyMemo()
         self._recorder = recorder or Recorder(None)
         self._tokens = JourneyTokens(counter, calibration, self._stages)
         self._ahead = Ahead(settings, dialect, compactor, self._stages, self._tokens)
@@ -76,7 +79,7 @@ class Pipeline(Generic[C]):
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> C:
         """The client's request as its dialect reads it (BadRequest when it cannot)."""
-        return self._dialect.parse(body, headers, query)
+        return self._dialect.parse(body, headers, query, self._bodies.read(body, self._dialect.history_key))
 
     def glanced(self, body: bytes, headers: Mapping[str, str]) -> str | None:
         """The request's model when it can be relayed as it came, unread (compaction.glance), else None."""
@@ -207,7 +210,8 @@ class Pipeline(Generic[C]):
     async def _begin(self, call: C, view: View) -> Journey[C]:
         """The journey's start: the history read (chain, counts), a stored summary spliced in, the window known."""
         namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
-        history = await self._history.read_off_loop(view.messages, namespace)
+        # A chat history the memo read is the body's own list: its messages' keys come with it.
+        history = await self._history.read_off_loop(view.messages, namespace, self._bodies.keys_of(view.messages))
         conversation = await self._compactor.reuse(view.messages, history.chain, namespace)
         # Windows the upstream states are looked up before planning (once per upstream, then cached), so the
         # summariser client built later, background ones included, knows its window without waiting.

@@ -22,6 +22,7 @@ from proxy.core.calibration import Calibration
 from proxy.core.fingerprint import HASH_ERRORS
 from proxy.core.history_index import HistoryIndex
 from proxy.core.tokens import TokenCounter
+from proxy.dialects.body_memo import BodyMemo
 from proxy.dialects.catalog import DIALECTS, fallback, serving
 from proxy.dialects.chat import CHAT
 from proxy.dialects.dialect import Dialect
@@ -74,8 +75,8 @@ class TrackedFlights:
 @dataclass(frozen=True)
 class Shared:
     """What outlives a reload: the upstream session and pool, the store and its flights, the metrics, the token
-    counter, what calibration learned about each model's tokenizer, the index of messages seen lately, and the
-    compaction journal's recorder."""
+    counter, what calibration learned about each model's tokenizer, the index of messages seen lately, the large
+    bodies read lately, and the compaction journal's recorder."""
 
     session: aiohttp.ClientSession
     store: SummaryStore
@@ -85,6 +86,7 @@ class Shared:
     calibration: Calibration
     history: HistoryIndex
     recorder: Recorder = field(default_factory=lambda: Recorder(None))
+    bodies: BodyMemo = field(default_factory=BodyMemo)
 
 
 class Runtime:
@@ -180,7 +182,7 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
         # The older counter is chat completions' own; every route is counted by requests_total.
         return Pipeline(dialect, settings, upstream, compactor, counter, calibration, windows, metrics,
                         shared.history, count=chat_requests if dialect is CHAT else None, stages=stages,
-                        recorder=shared.recorder)
+                        recorder=shared.recorder, bodies=shared.bodies)
 
     def served(dialect: Dialect[Any]) -> Serving:
         native, bridge = pipeline(serving(dialect, settings)), fallback(dialect, settings)

@@ -109,8 +109,10 @@ class JsonCall:
     compaction_requested: bool = False
 
     @classmethod
-    def parse(cls, body: bytes, headers: Mapping[str, str], query: str) -> Self:
-        payload = json_object(body)
+    def parse(cls, body: bytes, headers: Mapping[str, str], query: str,
+              payload: dict[str, Any] | None = None) -> Self:
+        """The request read; `payload` is the body's object when it was read already (dialects.body_memo)."""
+        payload = json_object(body) if payload is None else payload
         mode, forwarded = client_mode(headers)
         return cls(body, payload, forwarded, query, mode)
 

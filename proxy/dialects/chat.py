@@ -52,9 +52,11 @@ class ChatDialect:
     path = "/chat/completions"
     # Content parts whose tokens their bytes do not bound.
     quick_markers: tuple[bytes, ...] | None = (b'"image_url"', b'"input_audio"', b'"file"')
+    history_key = "messages"
 
-    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> ChatCall:
-        return ChatCall.parse(body, headers, query)
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str,
+              payload: dict[str, Any] | None = None) -> ChatCall:
+        return ChatCall.parse(body, headers, query, payload)
 
     def history(self, call: ChatCall) -> View | None:
         if call.messages is None or any(name in call.payload for name in SELF_MANAGED_FIELDS):

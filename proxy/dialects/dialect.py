@@ -29,9 +29,13 @@ class Dialect(AnswerReader, Protocol[CallT]):
     # Bytes whose presence in a body means the request must be read (compaction.glance: an image, a field the
     # proxy acts on); None: every request is read (a dialect that translates requests).
     quick_markers: tuple[bytes, ...] | None
+    # The body's field that holds the history ("messages", "input"): where a resent history is found in its bytes.
+    history_key: str
 
-    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> CallT:
-        """The client's request, read once; BadRequest when it cannot be (the proxy's error, in the API's shape)."""
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str,
+              payload: dict[str, Any] | None = None) -> CallT:
+        """The client's request, read once; BadRequest when it cannot be (the proxy's error, in the API's shape).
+        `payload` is the body's JSON object when it was read already (dialects.body_memo)."""
         ...
 
     def history(self, call: CallT) -> View | None:

@@ -86,11 +86,12 @@ _MANAGEMENT_FIELDS = ("context_management", "compaction")
 Announcement = tuple[Block | None, list[dict[str, Any]] | None]
 
 
-def read_call(body: bytes, headers: Mapping[str, str], query: str, *, upstream_manages: bool) -> MessagesCall:
+def read_call(body: bytes, headers: Mapping[str, str], query: str, *, upstream_manages: bool,
+              payload: dict[str, Any] | None = None) -> MessagesCall:
     """A Messages request read. Where the upstream has no context management of its own, the proxy applies it:
     the request's edits are read and checked (400 for anything it cannot honour) and kept off the body the
     upstream sees, and a `compaction` block in `messages` is replaced by what it stands for."""
-    call = MessagesCall.parse(body, headers, query)
+    call = MessagesCall.parse(body, headers, query, payload)
     if upstream_manages:
         return call
     payload = call.payload
@@ -113,12 +114,14 @@ class MessagesDialect:
     # Compaction blocks and on-demand compaction, context-management edits, and blocks whose tokens their bytes do
     # not bound.
     quick_markers: tuple[bytes, ...] | None = (b'"compaction', b'"context_management"', b'"image"', b'"document"')
+    history_key = "messages"
 
     def __init__(self, *, upstream_manages_context: bool = False) -> None:
         self.upstream_manages_context = upstream_manages_context
 
-    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> MessagesCall:
-        return read_call(body, headers, query, upstream_manages=self.upstream_manages_context)
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str,
+              payload: dict[str, Any] | None = None) -> MessagesCall:
+        return read_call(body, headers, query, upstream_manages=self.upstream_manages_context, payload=payload)
 
     def history(self, call: MessagesCall) -> View | None:
         if self.left_alone(call) is not None:

@@ -72,8 +72,9 @@ class MessagesOverChatDialect(MessagesDialect):
     path = "/chat/completions"
     quick_markers: tuple[bytes, ...] | None = None  # every request is translated
 
-    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> MessagesCall:
-        call = super().parse(body, headers, query)  # the payload is what the upstream is to be asked
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str,
+              payload: dict[str, Any] | None = None) -> MessagesCall:
+        call = super().parse(body, headers, query, payload)  # the payload is what the upstream is to be asked
         headers = chat_headers(call.headers)
         if call.compaction_requested:  # an on-demand compaction: the proxy's to answer, nothing goes upstream
             return replace(call, headers=headers, bridged=True)

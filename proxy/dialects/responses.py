@@ -37,13 +37,14 @@ def responses_usage(record: Any) -> Usage | None:
     return usage_from(usage, "input_tokens", "output_tokens") if isinstance(usage, dict) else None
 
 
-def read_call(body: bytes, headers: Mapping[str, str], query: str, *, upstream_compacts: bool) -> ResponsesCall:
+def read_call(body: bytes, headers: Mapping[str, str], query: str, *, upstream_compacts: bool,
+              payload: dict[str, Any] | None = None) -> ResponsesCall:
     """The request as the journey reads it. The proxy's own compaction items are opened into what they stand for
     (no upstream can read them; another issuer's items pass byte for byte). Where the upstream does not compact,
     the proxy honours OpenAI's compaction contract itself: a closing `compaction_trigger` is the proxy's to answer
     (out of the conversation read, still in the body should the request be forwarded), and a `context_management`
     entry is the proxy's to apply (out of the body the upstream sees)."""
-    call = ResponsesCall.parse(body, headers, query)
+    call = ResponsesCall.parse(body, headers, query, payload)
     payload = call.payload
     items = with_envelopes_opened(payload.get("input"))
     if items is not None:
@@ -86,13 +87,15 @@ class ResponsesDialect:
     quick_markers: tuple[bytes, ...] | None = (
         b'"compaction', b'"context_management"', b'"truncation"', b'"previous_response_id"', b'"conversation"',
         b'"input_image"', b'"input_file"', b'"input_audio"')
+    history_key = "input"
 
     def __init__(self, *, upstream_compacts: bool = False) -> None:
         # The upstream runs OpenAI's compaction itself (OpenAI's own API): requests asking for it are its to serve.
         self.upstream_compacts = upstream_compacts
 
-    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> ResponsesCall:
-        return read_call(body, headers, query, upstream_compacts=self.upstream_compacts)
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str,
+              payload: dict[str, Any] | None = None) -> ResponsesCall:
+        return read_call(body, headers, query, upstream_compacts=self.upstream_compacts, payload=payload)
 
     def history(self, call: ResponsesCall) -> View | None:
         if self.left_alone(call) is not None:
@@ -170,8 +173,9 @@ class ResponsesOverChatDialect(ResponsesDialect):
     path = "/chat/completions"
     quick_markers: tuple[bytes, ...] | None = None  # every request is translated
 
-    def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> ResponsesCall:
-        call = read_call(body, headers, query, upstream_compacts=False)
+    def parse(self, body: bytes, headers: Mapping[str, str], query: str,
+              payload: dict[str, Any] | None = None) -> ResponsesCall:
+        call = read_call(body, headers, query, upstream_compacts=False, payload=payload)
         if call.history_upstream:
             raise BadRequest("this proxy's upstream keeps no responses: send the whole input instead of "
                              "previous_response_id or conversation", param="previous_response_id")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 from typing import Any
 
 import pytest
@@ -50,10 +51,25 @@ def test_every_read_gives_the_reference_chain_and_counts(histories: list[list[An
     grown: list[Any] = []
     for more in histories:  # a conversation growing turn by turn, as a stateless client resends it
         grown = [*grown, *more]
-        for _ in range(2):
-            read = index.read(grown, namespace)
+        for keys in (None, None, spelled_keys(grown), spelled_keys(grown, spaced=True)):
+            read = index.read(grown, namespace, keys)
             assert (read.chain, read.tokens) == reference(grown, namespace)
         assert len(index) <= max_entries
+
+
+def spelled_keys(messages: list[Any], *, spaced: bool = False) -> list[int]:
+    """Keys a reader holding each message's own bytes passes (dialects.body_memo): the hash of a spelling of it."""
+    return [hash(json.dumps(message, separators=(", ", ": ") if spaced else (",", ":"), ensure_ascii=False).encode())
+            for message in messages]
+
+
+def test_given_keys_skip_the_serialising_and_find_what_computed_keys_find() -> None:
+    index = HistoryIndex(COUNTER)
+    history = [{"role": "system", "content": "be brief"}, *turn(0), *turn(1)]
+    assert index.read(history, "ns", spelled_keys(history)).new == 5
+    assert index.read(history, "ns", spelled_keys(history)).new == 0
+    read = index.read(history, "ns", spelled_keys(history)[:-1])  # not one per message: computed instead
+    assert (read.chain, read.tokens) == reference(history, "ns")
 
 
 def test_a_resent_history_is_new_only_in_its_last_messages() -> None:

@@ -1,0 +1,234 @@
+"""Bodies read lately, so a history resent with a few messages more is read from where it grew, not again whole.
+
+A stateless client resends its whole history on every turn: half a megabyte to add one message. Reading it costs
+three passes at C speed (the long-integer scan, the parse, the depth check), each over every byte, on every turn.
+Here a large body is remembered with where each of its history's messages lies in it, when the body is exactly
+orjson's compact encoding of its value (what serde_json, JSON.stringify and httpx send). The next body that
+starts with the same bytes is read in two pieces: the messages it shares, found by comparing bytes (memcmp), are
+the values already read; only the rest of the body (its head, the new messages, its tail) is parsed, through the
+same guards as a whole body.
+
+Why that is exact: the shared bytes run through the end of a message, and JSON is read left to right, so those
+messages read the same in both bodies. The new body is then checked to be orjson's encoding too (head, each new
+message and tail compared byte for byte), which also rules out duplicate keys (a second `messages` would not
+encode back). Anything that does not check out is read whole, as before. The values are shared between requests,
+which the proxy never changes in place; a guard compares them with their bytes before each reuse all the same.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.dialects.call import json_object
+from proxy.errors import BadRequest
+
+log = logging.getLogger(__name__)
+
+MIN_BYTES = 64 * 1024  # below this a body is read whole: the parse costs less than remembering it
+KEY_BYTES = 1024  # bytes from the history's start that pick the remembered bodies to compare with
+# Bodies remembered per key: conversations that open alike (one agent's system prompt) share a key. Comparing
+# with one that parts early costs little: a comparison stops where the bytes differ.
+PER_KEY = 16
+BUDGET_BYTES = 96 * 1024 * 1024  # what the remembered bodies may hold, counted as COST_PER_BYTE x their size
+COST_PER_BYTE = 3  # a body's bytes plus the values read from them, roughly
+_BLOCK = 64 * 1024  # bytes compared at a time when looking for where two bodies part
+# Stands in for the history in the body's skeleton, to find where the history goes in it: random per process, so a
+# client cannot put it elsewhere in a body (were it there first, the body would not check out and be read whole).
+_SENTINEL = f"compaction-proxy history {os.urandom(16).hex()}"
+_SENTINEL_JSON = orjson.dumps(_SENTINEL)
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # compared by identity: a body can be large
+class _Remembered:
+    body: bytes
+    starts: list[int]  # where each message of the history starts in the body
+    ends: list[int]  # and where it ends (exclusive)
+    messages: list[Any]  # the history's values, as read
+    keys: list[int]  # each message's key in the history index: the hash of its bytes
+
+
+class BodyMemo:
+    """Reads request bodies, remembering large ones with where their history's messages lie in them.
+
+    One for every route (each read names the field that holds its history) and shared by the runtimes a reload
+    makes. Safe to use from the event loop and from the threads a very large body is read in."""
+
+    def __init__(self, *, budget_bytes: int = BUDGET_BYTES, min_bytes: int = MIN_BYTES,
+                 key_bytes: int = KEY_BYTES) -> None:
+        self._key_bytes = key_bytes
+        self._budget = budget_bytes
+        self._min = min_bytes
+        self._buckets: OrderedDict[int, list[_Remembered]] = OrderedDict()
+        self._by_history: dict[int, _Remembered] = {}  # by the id of its messages list, which it keeps alive
+        self._held = 0
+        self._lock = threading.Lock()
+        self.reused = 0  # bodies read from a remembered one (for tests and the curious)
+
+    def read(self, body: bytes, key: str) -> dict[str, Any]:
+        """The body's JSON object, exactly as `json_object(body)` reads it (BadRequest for what it refuses); its
+        history is the list at `key` ("messages", "input")."""
+        if len(body) < self._min:
+            return json_object(body)
+        bucket = self._bucket_of(body, key)
+        recalled = self._recalled(body, key, bucket)
+        if recalled is not None:
+            return recalled
+        payload = json_object(body)
+        spans = _spans(body, payload, key, 0, 0)
+        if spans is not None and spans[0]:
+            starts, ends, encoded = spans
+            self._remember(bucket, _Remembered(body, starts, ends, payload[key], list(map(hash, encoded))), None)
+        return payload
+
+    def keys_of(self, messages: object) -> list[int] | None:
+        """The history index's keys of a history this memo read and still holds, one per message: the hash of the
+        message's bytes in its body (bytes that read as one value; proxy.core.history_index); None for any other."""
+        with self._lock:
+            held = self._by_history.get(id(messages))
+        return held.keys if held is not None and held.messages is messages else None
+
+    def _bucket_of(self, body: bytes, key: str) -> int:
+        """Which remembered bodies to compare with: those whose history opens with the same bytes."""
+        start = max(body.find(orjson.dumps(key) + b":["), 0)
+        return hash((key, body[start:start + self._key_bytes]))
+
+    def _recalled(self, body: bytes, key: str, bucket: int) -> dict[str, Any] | None:
+        with self._lock:
+            candidates = list(self._buckets.get(bucket, ()))
+        best, shared = None, 0
+        for candidate in candidates:
+            count = bisect.bisect_right(candidate.ends, common_prefix(body, candidate.body))
+            if count > shared:
+                best, shared = candidate, count
+        if best is None:
+            return None
+        payload = self._read_rest(body, key, bucket, best, shared)
+        if payload is not None:
+            self.reused += 1
+        return payload
+
+    def _read_rest(self, body: bytes, key: str, bucket: int, earlier: _Remembered,
+                   shared: int) -> dict[str, Any] | None:
+        """The body read from `earlier`'s first `shared` messages and a parse of the rest; None: read it whole."""
+        first, last = earlier.starts[0], earlier.ends[shared - 1]
+        after = body[last:last + 2]
+        if after[:1] == b"]":
+            rest = body[:first] + body[last:]
+        elif after == b",{":  # a message follows (an element of any other kind is not a message: read whole)
+            rest = body[:first] + body[last + 1:]
+        else:
+            return None
+        reused = earlier.messages[:shared]
+        if not _encodes_to(reused, body, first, last):
+            log.warning("a remembered history no longer encodes to its bytes: read whole")
+            self._remember(bucket, None, earlier)
+            return None
+        try:
+            payload = json_object(rest)
+        except BadRequest:
+            return None  # read whole, which says what is wrong with the body itself
+        spans = _spans(body, payload, key, first, last)
+        if spans is None:
+            return None
+        messages = payload[key] = reused + payload[key]
+        starts, ends, encoded = spans
+        self._remember(bucket, _Remembered(body, earlier.starts[:shared] + starts, earlier.ends[:shared] + ends,
+                                           messages, earlier.keys[:shared] + list(map(hash, encoded))), earlier)
+        return payload
+
+    def _remember(self, bucket: int, entry: _Remembered | None, replaced: _Remembered | None) -> None:
+        """`entry` first in its bucket (None: nothing new), `replaced` (the body it grew from) out of it."""
+        with self._lock:
+            kept = self._buckets.setdefault(bucket, [])
+            self._buckets.move_to_end(bucket)
+            if replaced is not None and replaced in kept:
+                self._let_go(kept, replaced)
+            if entry is not None and COST_PER_BYTE * len(entry.body) <= self._budget:
+                kept.insert(0, entry)
+                self._held += COST_PER_BYTE * len(entry.body)
+                self._by_history[id(entry.messages)] = entry
+            while len(kept) > PER_KEY:
+                self._let_go(kept, kept[-1])
+            if not kept:
+                del self._buckets[bucket]
+            while self._held > self._budget:
+                _, dropped = self._buckets.popitem(last=False)
+                while dropped:
+                    self._let_go(dropped, dropped[-1])
+
+    def _let_go(self, kept: list[_Remembered], entry: _Remembered) -> None:
+        """Called with the lock held: `entry` out of the bucket `kept` and out of every account."""
+        kept.remove(entry)
+        self._held -= COST_PER_BYTE * len(entry.body)
+        if self._by_history.get(id(entry.messages)) is entry:
+            del self._by_history[id(entry.messages)]
+
+    @property
+    def held_bytes(self) -> int:
+        """The remembered bodies' cost against the budget."""
+        return self._held
+
+
+def _spans(body: bytes, payload: dict[str, Any], key: str, first: int,
+           last: int) -> tuple[list[int], list[int], list[bytes]] | None:
+    """Where the history's messages in `payload` lie in `body` (starts, ends, their bytes), when the body is
+    orjson's encoding of it with the messages already shared (bytes `first` to `last`; none when `last` is 0) in
+    front of them."""
+    messages = payload.get(key)
+    if not isinstance(messages, list):
+        return None
+    try:
+        encoded = list(map(orjson.dumps, messages))
+        skeleton = orjson.dumps({**payload, key: _SENTINEL})
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    at = skeleton.find(_SENTINEL_JSON)
+    head, tail = skeleton[:at], skeleton[at + len(_SENTINEL_JSON):]
+    opening = len(head) + 1
+    if not body.startswith(head + b"[") or (last and first != opening):
+        return None
+    position = last or opening
+    separator = b"," if last and encoded else b""
+    joined = separator + b",".join(encoded)
+    if body[position:position + len(joined)] != joined or body[position + len(joined):] != b"]" + tail:
+        return None
+    if not encoded:
+        return [], [], []
+    starts = list(itertools.accumulate((len(piece) + 1 for piece in encoded[:-1]),
+                                       initial=position + len(separator)))
+    ends = [start + len(piece) for start, piece in zip(starts, encoded, strict=True)]
+    return starts, ends, encoded
+
+
+def _encodes_to(messages: list[Any], body: bytes, first: int, last: int) -> bool:
+    """Whether `messages` still encode to the body's bytes `first` to `last`: the values are shared between requests,
+    and a value changed in place (which the proxy never does) must not be read for bytes that say otherwise."""
+    encoded = orjson.dumps(messages)
+    return len(encoded) == last - first + 2 and body.startswith(memoryview(encoded)[1:-1], first)
+
+
+def common_prefix(left: bytes, right: bytes) -> int:
+    """How many bytes two byte strings share from their start: compared a block at a time, then halved; each
+    comparison a memcmp of `left` against a view of `right`, nothing copied."""
+    limit = min(len(left), len(right))
+    view = memoryview(right)
+    low = 0
+    while low + _BLOCK <= limit and left.startswith(view[low:low + _BLOCK], low):
+        low += _BLOCK
+    high = min(low + _BLOCK, limit)  # the two part in [low, high], or one runs out at high
+    while low < high:
+        middle = (low + high + 1) // 2
+        if left.startswith(view[low:middle], low):
+            low = middle
+        else:
+            high = middle - 1
+    return low

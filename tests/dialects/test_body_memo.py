@@ -1,0 +1,257 @@
+"""dialects.body_memo: a resent history read from where it grew reads exactly as the whole body does."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from proxy.dialects.body_memo import BodyMemo, common_prefix
+from proxy.dialects.call import json_object
+from proxy.errors import BadRequest
+
+SMALL = 64  # the memo's size floor in these tests, so that small bodies exercise it
+
+
+def message(index: int, size: int = 200) -> dict[str, Any]:
+    role = ("user", "assistant", "tool")[index % 3]
+    return {"role": role, "content": f"message {index} " + "x" * size}
+
+
+def body_of(messages: list[Any], key: str = "messages", **fields: Any) -> bytes:
+    return orjson.dumps({"model": "m", key: messages, **fields})
+
+
+def memo(**options: Any) -> BodyMemo:
+    return BodyMemo(min_bytes=options.pop("min_bytes", SMALL), **options)
+
+
+def read_both(bodies: BodyMemo, body: bytes, key: str = "messages") -> dict[str, Any]:
+    """The memo's reading, checked against the whole body's."""
+    got = bodies.read(body, key)
+    assert got == json_object(body)
+    assert list(got) == list(json_object(body))  # the fields in the order they came
+    return got
+
+
+def test_a_history_resent_with_one_message_more_is_read_from_where_it_grew() -> None:
+    bodies, history = memo(), [message(index) for index in range(20)]
+    first = read_both(bodies, body_of(history))
+    second = read_both(bodies, body_of([*history, message(20)]))
+    assert bodies.reused == 1
+    assert second["messages"][0] is first["messages"][0]  # the values already read, not read again
+
+
+@pytest.mark.parametrize(("name", "later"), [
+    ("the same body again", lambda history: history),
+    ("two messages more", lambda history: [*history, message(30), message(31)]),
+    ("the last message changed", lambda history: [*history[:-1], message(99)]),
+    ("a message in the middle changed", lambda history: [*history[:5], message(98), *history[6:]]),
+    ("the history cut short", lambda history: history[:7]),
+    ("the first message changed", lambda history: [message(97), *history[1:]]),
+    ("an empty history", lambda history: []),
+    ("a message that is not an object", lambda history: [*history, "text"]),
+    ("a message that is a list", lambda history: [*history, [1, 2]]),
+])
+def test_what_follows_a_remembered_body_reads_as_the_whole_body(name: str, later: Any) -> None:
+    bodies, history = memo(), [message(index) for index in range(12)]
+    read_both(bodies, body_of(history))
+    read_both(bodies, body_of(later(history)))
+
+
+@pytest.mark.parametrize(("name", "encode"), [
+    ("spaces after separators (Python's json)", lambda value: json.dumps(value).encode()),
+    ("ASCII escapes", lambda value: json.dumps(value, separators=(",", ":")).encode()),
+    ("pretty printed", lambda value: json.dumps(value, indent=2).encode()),
+])
+def test_a_body_not_written_as_orjson_writes_is_read_whole_and_not_remembered(name: str, encode: Any) -> None:
+    bodies = memo()
+    history = [{"role": "user", "content": "é " + "x" * 100}, *[message(index) for index in range(6)]]
+    for more in range(3):
+        read_both(bodies, encode({"model": "m", "messages": [*history, message(50 + more)]}))
+    assert bodies.reused == 0
+    assert bodies.held_bytes == 0
+
+
+@pytest.mark.parametrize(("name", "tail"), [
+    ("a trailing comma", b',]}'),
+    ("a second history field", b'],"messages":[]}'),
+    ("a second history field spelt with an escape", b'],"messag\\u0065s":[]}'),
+    ("garbage after the body", b']}x'),
+    ("a digit run orjson would read as a float", b',{"n":123456789012345678901234567890}]}'),
+])
+def test_a_resent_body_that_is_broken_or_ambiguous_after_the_shared_part_reads_as_the_whole(name: str,
+                                                                                           tail: bytes) -> None:
+    bodies, history = memo(), [message(index) for index in range(8)]
+    read_both(bodies, body_of(history))
+    body = body_of(history)[:-2] + tail
+    try:
+        expected: Any = json_object(body)
+    except BadRequest as error:
+        with pytest.raises(BadRequest) as raised:
+            bodies.read(body, "messages")
+        assert raised.value.message == error.message
+    else:
+        assert bodies.read(body, "messages") == expected
+
+
+def test_the_responses_input_is_read_from_where_it_grew() -> None:
+    bodies = memo()
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x" * 300}]}] * 6
+    read_both(bodies, body_of(items, key="input", instructions="be brief"), key="input")
+    read_both(bodies, body_of([*items, {"type": "function_call_output", "call_id": "c", "output": "ok"}],
+                              key="input", instructions="be brief"), key="input")
+    assert bodies.reused == 1
+
+
+def test_fields_after_the_history_are_read_from_the_new_body() -> None:
+    bodies, history = memo(), [message(index) for index in range(8)]
+    read_both(bodies, body_of(history, stream=False, tools=[{"name": "a"}]))
+    got = read_both(bodies, body_of([*history, message(8)], stream=True, tools=[{"name": "b"}]))
+    assert bodies.reused == 1
+    assert got["stream"] is True and got["tools"] == [{"name": "b"}]
+
+
+def test_a_value_changed_in_place_is_noticed_and_the_body_read_whole(caplog: pytest.LogCaptureFixture) -> None:
+    bodies, history = memo(), [message(index) for index in range(8)]
+    first = read_both(bodies, body_of(history))
+    first["messages"][2]["content"] = "changed by someone"  # what the proxy never does; the memo checks anyway
+    with caplog.at_level(logging.WARNING, logger="proxy.dialects.body_memo"):
+        read_both(bodies, body_of([*history, message(8)]))
+    assert bodies.reused == 0
+    assert "no longer encodes to its bytes" in caplog.text
+
+
+def test_a_small_body_is_read_whole_and_not_remembered() -> None:
+    bodies = BodyMemo()  # the default floor
+    small = body_of([message(0, size=10)])
+    for _ in range(3):
+        read_both(bodies, small)
+    assert bodies.reused == 0 and bodies.held_bytes == 0
+
+
+def test_what_is_remembered_stays_within_its_budget() -> None:
+    bodies = memo(budget_bytes=60_000)
+    for conversation in range(40):
+        history = [{"role": "user", "content": f"conversation {conversation} " + "y" * 3000}]
+        read_both(bodies, body_of(history))
+        assert bodies.held_bytes <= 60_000
+    assert bodies.held_bytes > 0
+
+
+def test_a_conversation_grown_many_times_holds_one_body() -> None:
+    bodies, history = memo(), [message(index) for index in range(4)]
+    for turn in range(30):
+        history.append(message(10 + turn))
+        read_both(bodies, body_of(history))
+    assert bodies.reused == 29
+    assert bodies.held_bytes == 3 * len(body_of(history))  # the earlier bodies it grew from are gone
+
+
+def test_conversations_read_at_once_from_threads_each_read_as_whole_bodies() -> None:
+    bodies, failures = memo(), []
+
+    def converse(number: int) -> None:
+        history = [{"role": "system", "content": "shared prompt " + "s" * 500}]
+        for turn in range(25):
+            history.append({"role": "user", "content": f"conversation {number} turn {turn}"})
+            body = body_of(history)
+            if bodies.read(body, "messages") != json_object(body):
+                failures.append((number, turn))
+
+    threads = [threading.Thread(target=converse, args=(number,)) for number in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert bodies.reused > 0
+
+
+@pytest.mark.parametrize(("left", "right", "shared"), [
+    (b"", b"", 0),
+    (b"abc", b"", 0),
+    (b"abc", b"abd", 2),
+    (b"abc", b"abc", 3),
+    (b"abc", b"abcdef", 3),
+    (b"x" * 200_000, b"x" * 200_000, 200_000),
+    (b"x" * 70_000 + b"a", b"x" * 70_000 + b"b", 70_000),
+    (b"x" * 65_536 + b"a", b"x" * 65_536 + b"b", 65_536),
+])
+def test_common_prefix(left: bytes, right: bytes, shared: int) -> None:
+    assert common_prefix(left, right) == shared
+    assert common_prefix(right, left) == shared
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=300), st.binary(max_size=300), st.binary(max_size=300))
+def test_common_prefix_property(shared: bytes, left: bytes, right: bytes) -> None:
+    expected = len(shared) + next((index for index, (a, b) in enumerate(zip(left, right, strict=False)) if a != b),
+                                  min(len(left), len(right)))
+    assert common_prefix(shared + left, shared + right) == expected
+
+
+_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=40)
+_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), _TEXT,
+                  st.floats(allow_nan=False, allow_infinity=False))
+_VALUE = st.recursive(_LEAF, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+                      max_leaves=8)
+_MESSAGE = st.dictionaries(st.sampled_from(["role", "content", "name", "tool_calls"]), _VALUE, min_size=1)
+# How a later body grows out of an earlier one: messages added, dropped from the end, one replaced, the fields around
+# the history changed, or the body written another way.
+_STEP = st.one_of(
+    st.tuples(st.just("add"), st.lists(_MESSAGE | _VALUE, min_size=1, max_size=3)),
+    st.tuples(st.just("drop"), st.integers(1, 3)),
+    st.tuples(st.just("replace"), st.tuples(st.integers(0, 20), _MESSAGE)),
+    st.tuples(st.just("fields"), st.dictionaries(st.sampled_from(["stream", "tools", "model"]), _VALUE)),
+    st.tuples(st.just("spaces"), st.none()),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(_MESSAGE, max_size=6), st.lists(_STEP, max_size=8))
+def test_any_sequence_of_bodies_reads_as_each_whole_body(start: list[Any], steps: list[Any]) -> None:
+    bodies = memo(min_bytes=0, key_bytes=2)  # "messages":[ and one byte: most bodies meet a remembered one
+    history, fields, spaced = list(start), {}, False
+    for kind, argument in [("add", []), *steps]:
+        if kind == "add":
+            history += argument
+        elif kind == "drop":
+            history = history[:-argument]
+        elif kind == "replace" and history:
+            index, replacement = argument
+            history[index % len(history)] = replacement
+        elif kind == "fields":
+            fields = {key: value for key, value in argument.items() if key != "messages"}
+        elif kind == "spaces":
+            spaced = not spaced
+        value = {**fields, "messages": history}
+        body = json.dumps(value).encode() if spaced else orjson.dumps(value)
+        assert bodies.read(body, "messages") == json_object(body)
+    event(f"read from a remembered body: {bodies.reused > 0}")
+
+
+def test_a_remembered_history_comes_with_its_index_keys() -> None:
+    bodies, history = memo(), [message(index) for index in range(10)]
+    first = bodies.read(body_of(history), "messages")
+    assert bodies.keys_of(first["messages"]) == [hash(orjson.dumps(each)) for each in history]
+    second = bodies.read(body_of([*history, message(10)]), "messages")
+    assert bodies.keys_of(second["messages"]) == [hash(orjson.dumps(each)) for each in [*history, message(10)]]
+    assert bodies.keys_of(first["messages"]) is None  # the body it grew from is let go
+    assert bodies.keys_of(list(second["messages"])) is None  # an equal list is not the one read
+    assert bodies.keys_of(json_object(body_of(history))["messages"]) is None
+
+
+def test_a_history_let_go_for_the_budget_has_no_keys() -> None:
+    bodies = memo(budget_bytes=30_000)
+    read = bodies.read(body_of([message(0, size=4000)]), "messages")
+    assert bodies.keys_of(read["messages"]) is not None
+    for conversation in range(1, 6):
+        bodies.read(body_of([message(conversation, size=4000)]), "messages")
+    assert bodies.keys_of(read["messages"]) is None
