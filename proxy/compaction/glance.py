@@ -19,6 +19,7 @@ import orjson
 
 from proxy.config import Settings
 from proxy.dialects.call import is_positive
+from proxy.errors import BadRequest
 from proxy.headers import MODE
 
 # Larger bodies are read whole anyway when the proxy compacts: the glance would cost what it saves. With compaction
@@ -29,16 +30,22 @@ TEMPLATE_TOKENS = 1024
 # A glanced request must stay below this share of the first limit: room for a stored summary the glance cannot
 # see (one made on request of a short conversation) to be of no use, and for the estimate's calibration.
 SHARE = 0.5
+# Reads a body into its JSON object, or raises BadRequest.
+Reader = Callable[[bytes], dict[str, Any]]
 # The fields a client names its output cap in (chat, Responses, Messages).
 OUTPUT_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
 def judged(settings: Settings, stated: Callable[[str], int | None], markers: tuple[bytes, ...] | None, body: bytes,
-           headers: Mapping[str, str]) -> str | None:
+           headers: Mapping[str, str], read: Reader | None = None) -> str | None:
     """The request's model when it can be relayed as it came, unread, else None. `stated` is the smallest window
-    anyone stated for a model, None for only the default's guess; `markers` the dialect's (Dialect.quick_markers)."""
+    anyone stated for a model, None for only the default's guess; `markers` the dialect's (Dialect.quick_markers).
+    `read` reads a body with compaction on, where the whole way reads it the same way should the glance not do
+    (dialects.body_memo: read once for both)."""
     limit = MAX_BYTES if settings.compaction.enabled else None
-    if not settings.compaction.glance or (payload := payload_of(body, headers, markers, max_bytes=limit)) is None:
+    read = read if settings.compaction.enabled else None  # off, the body's guards are never the proxy's to run
+    if not settings.compaction.glance or (payload := payload_of(body, headers, markers, max_bytes=limit,
+                                                                read=read)) is None:
         return None
     model = payload.get("model")
     model = model if isinstance(model, str) else ""
@@ -52,7 +59,7 @@ def judged(settings: Settings, stated: Callable[[str], int | None], markers: tup
 
 
 def payload_of(body: bytes, headers: Mapping[str, str], markers: tuple[bytes, ...] | None, *,
-               max_bytes: int | None = MAX_BYTES) -> dict[str, Any] | None:
+               max_bytes: int | None = MAX_BYTES, read: Reader | None = None) -> dict[str, Any] | None:
     """The body's JSON object when a glance may judge the request; None when it must go the whole way: a
     dialect that translates (no markers), a body over `max_bytes`, a marker of what the proxy must read, the
     client's mode."""
@@ -60,6 +67,11 @@ def payload_of(body: bytes, headers: Mapping[str, str], markers: tuple[bytes, ..
         return None
     if any(marker in body for marker in markers):
         return None
+    if read is not None:
+        try:
+            return read(body)
+        except BadRequest:
+            return None  # the whole way says why, in the client's API
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:

@@ -79,13 +79,18 @@ class Pipeline(Generic[C]):
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> C:
         """The client's request as its dialect reads it (BadRequest when it cannot)."""
-        return self._dialect.parse(body, headers, query, self._bodies.read(body, self._dialect.history_key))
+        return self._dialect.parse(body, headers, query, self._read(body))
+
+    def _read(self, body: bytes) -> dict[str, Any]:
+        return self._bodies.read(body, self._dialect.history_key)
 
     def glanced(self, body: bytes, headers: Mapping[str, str]) -> str | None:
         """The request's model when it can be relayed as it came, unread (compaction.glance), else None."""
         started = time.perf_counter()
+        # A large body is read as the whole way would read it (kept for its parse, should the glance not do).
+        read = self._read if self._bodies.remembers(body) else None
         model = glance.judged(self._settings, self._windows.smallest_stated, self._dialect.quick_markers, body,
-                              headers)
+                              headers, read)
         if model is not None:  # the proxy's own time before forwarding, as the whole way's is
             self._metrics.overhead_seconds.observe(time.perf_counter() - started)
         return model

@@ -69,6 +69,9 @@ class BodyMemo:
         self._min = min_bytes
         self._buckets: OrderedDict[int, list[_Remembered]] = OrderedDict()
         self._by_history: dict[int, _Remembered] = {}  # by the id of its messages list, which it keeps alive
+        # The last large body read and what it read as, for a second read of that very body: a glance at it, then
+        # its parse. Taken by that read, so no read after it gets it.
+        self._last: tuple[bytes, str, dict[str, Any]] | None = None
         self._held = 0
         self._lock = threading.Lock()
         self.reused = 0  # bodies read from a remembered one (for tests and the curious)
@@ -76,8 +79,21 @@ class BodyMemo:
     def read(self, body: bytes, key: str) -> dict[str, Any]:
         """The body's JSON object, exactly as `json_object(body)` reads it (BadRequest for what it refuses); its
         history is the list at `key` ("messages", "input")."""
-        if len(body) < self._min:
+        if not self.remembers(body):
             return json_object(body)
+        with self._lock:
+            last, self._last = self._last, None
+        if last is not None and last[0] is body and last[1] == key:
+            return last[2]
+        payload = self._read(body, key)
+        self._last = (body, key, payload)
+        return payload
+
+    def remembers(self, body: bytes) -> bool:
+        """Whether a body is large enough to be remembered: a smaller one is read whole, at no gain."""
+        return len(body) >= self._min
+
+    def _read(self, body: bytes, key: str) -> dict[str, Any]:
         bucket = self._bucket_of(body, key)
         recalled = self._recalled(body, key, bucket)
         if recalled is not None:

@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 from proxy.compaction import glance
 from proxy.config import Settings, settings_from_mapping
 from proxy.core.tokens import TokenCounter
+from proxy.dialects.body_memo import BodyMemo
 from proxy.dialects.chat import CHAT
 from proxy.dialects.messages import MESSAGES
 from proxy.dialects.messages_over_chat import MESSAGES_OVER_CHAT
 from proxy.dialects.responses import RESPONSES, RESPONSES_OVER_CHAT
+from proxy.errors import BadRequest
 from proxy.headers import MODE
 
 SMALL = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -64,6 +66,35 @@ def test_with_compaction_off_a_body_of_any_size_is_relayed_unread(
         compaction: dict[str, Any], body: bytes, headers: dict[str, str], markers: tuple[bytes, ...] | None,
         model: str | None) -> None:
     assert glance.judged(settings_with(**compaction), lambda _: 100_000, markers, body, headers) == model
+
+
+def refusing(body: bytes) -> dict[str, Any]:
+    raise BadRequest("request body is nested more than 128 levels deep")
+
+
+@pytest.mark.parametrize(("compaction", "reader", "model", "reads"), [
+    ({}, "memo", "m", 1),               # on: read as the whole way reads it, once for both
+    ({}, "refusing", None, 1),          # what the whole way refuses is not glanced: it says why
+    ({}, None, "m", 0),                 # no reader: orjson reads it, unguarded, as it only reads the model
+    ({"enabled": False}, "memo", "m", 0),       # off: the body's guards are never the proxy's to run
+    ({"enabled": False}, "refusing", "m", 0),
+])
+def test_a_glance_reads_with_the_reader_it_is_given_only_with_compaction_on(
+        compaction: dict[str, Any], reader: str | None, model: str | None, reads: int) -> None:
+    bodies, calls = BodyMemo(min_bytes=0), []
+
+    def memo(body: bytes) -> dict[str, Any]:
+        calls.append(body)
+        return bodies.read(body, "messages")
+
+    def refused(body: bytes) -> dict[str, Any]:
+        calls.append(body)
+        return refusing(body)
+
+    read = {"memo": memo, "refusing": refused, None: None}[reader]
+    assert glance.judged(settings_with(**compaction), lambda _: 1_000_000, CHAT.quick_markers, SMALL, {},
+                         read) == model
+    assert len(calls) == reads
 
 
 @pytest.mark.parametrize(("compaction", "limit"), [

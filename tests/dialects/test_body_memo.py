@@ -255,3 +255,16 @@ def test_a_history_let_go_for_the_budget_has_no_keys() -> None:
     for conversation in range(1, 6):
         bodies.read(body_of([message(conversation, size=4000)]), "messages")
     assert bodies.keys_of(read["messages"]) is None
+
+
+def test_a_body_read_twice_in_a_row_is_read_once_and_handed_out_twice_at_most() -> None:
+    bodies, history = memo(), [message(index) for index in range(8)]
+    body = body_of(history)
+    glanced = bodies.read(body, "messages")  # a glance at it, then its parse: one reading
+    assert bodies.read(body, "messages") is glanced
+    again = bodies.read(body, "messages")  # a third read is a read of its own
+    assert again is not glanced and again == glanced
+    other = bodies.read(bytes(bytearray(body)), "messages")  # equal bytes, another body: read of its own
+    assert other is not again and other == glanced
+    last = bodies.read(body, "messages")
+    assert bodies.read(body, "input") is not last  # a reading for one field is not one for another

@@ -22,10 +22,10 @@ CONFIG = {"models": {"default": {"context_window": WINDOW}}, "upstream": {"disco
           "compaction": {"background": False}}
 
 
-def history(turns: int) -> list[dict[str, Any]]:
+def history(turns: int, words: int = 500) -> list[dict[str, Any]]:
     """~300 KB of alternating turns (over the glance's bound, so every body is read), then `turns` more."""
     said = [{"role": "user" if index % 2 == 0 else "assistant",
-             "content": f"turn {index}: é ünïcode, \"quotes\", a tab\tand a line\n" + "words " * 500}
+             "content": f"turn {index}: é ünïcode, \"quotes\", a tab\tand a line\n" + "words " * words}
             for index in range(100 + 2 * turns)]
     return said[:99 + 2 * turns]  # ends on a user turn
 
@@ -42,6 +42,20 @@ async def test_chat_through_the_openai_sdk(fake: FakeUpstream, make_proxy: Proxy
         messages = history(turn)
         answer = await client.chat.completions.create(model="fake-model", messages=messages)
         assert answer.choices[0].message.content
+        assert json.loads(fake.requests[-1].body)["messages"] == messages
+    assert memo_reused(proxy) == TURNS - 1
+
+
+async def test_a_body_the_glance_reads_and_does_not_relay_is_read_once(fake: FakeUpstream,
+                                                                     make_proxy: ProxyFactory) -> None:
+    """~180 KB: under the glance's bound, and too near the threshold for it to relay unread. The glance reads it as
+    the whole way does, and the whole way takes that reading: one reading per request, each from the last body."""
+    proxy = await make_proxy(CONFIG)
+    client = openai.AsyncOpenAI(api_key="sk-test", base_url=f"{proxy.url}/v1", max_retries=0)
+    for turn in range(TURNS):
+        messages = history(turn, words=300)
+        assert 64 * 1024 < len(json.dumps(messages)) < 256 * 1024
+        await client.chat.completions.create(model="fake-model", messages=messages)
         assert json.loads(fake.requests[-1].body)["messages"] == messages
     assert memo_reused(proxy) == TURNS - 1
 
