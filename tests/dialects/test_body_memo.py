@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from proxy.dialects.body_memo import BodyMemo, common_prefix
+from proxy.dialects.body_memo import COST_PER_BYTE, BodyMemo, common_prefix
 from proxy.dialects.call import json_object
 from proxy.errors import BadRequest
 
@@ -142,6 +142,7 @@ def test_what_is_remembered_stays_within_its_budget() -> None:
         history = [{"role": "user", "content": f"conversation {conversation} " + "y" * 3000}]
         read_both(bodies, body_of(history))
         assert bodies.held_bytes <= 60_000
+        assert_accounts_hold(bodies)
     assert bodies.held_bytes > 0
 
 
@@ -172,6 +173,7 @@ def test_conversations_read_at_once_from_threads_each_read_as_whole_bodies() -> 
         thread.join()
     assert failures == []
     assert bodies.reused > 0
+    assert_accounts_hold(bodies)
 
 
 @pytest.mark.parametrize(("left", "right", "shared"), [
@@ -234,7 +236,17 @@ def test_any_sequence_of_bodies_reads_as_each_whole_body(start: list[Any], steps
         value = {**fields, "messages": history}
         body = json.dumps(value).encode() if spaced else orjson.dumps(value)
         assert bodies.read(body, "messages") == json_object(body)
+        assert_accounts_hold(bodies)
     event(f"read from a remembered body: {bodies.reused > 0}")
+
+
+def assert_accounts_hold(bodies: BodyMemo) -> None:
+    """What the memo counts is what it holds, and every history it hands keys for is one it holds."""
+    held = [entry for kept in bodies._buckets.values() for entry in kept]
+    assert bodies.held_bytes == COST_PER_BYTE * sum(len(entry.body) for entry in held)
+    assert all(kept for kept in bodies._buckets.values())
+    assert {id(entry) for entry in bodies._by_history.values()} <= {id(entry) for entry in held}
+    assert all(bodies.keys_of(entry.messages) == entry.keys for entry in held)
 
 
 def test_a_remembered_history_comes_with_its_index_keys() -> None:
