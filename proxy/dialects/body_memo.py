@@ -41,6 +41,9 @@ PER_KEY = 16
 BUDGET_BYTES = 96 * 1024 * 1024  # what the remembered bodies may hold, counted as COST_PER_BYTE x their size
 COST_PER_BYTE = 3  # a body's bytes plus the values read from them, roughly
 _BLOCK = 64 * 1024  # bytes compared at a time when looking for where two bodies part
+# Where the history's opening is looked for: a body spelt otherwise holds none, and is not searched whole for it
+# on each of its requests (a history opening later keys its bucket by the body's start instead).
+_HEAD_BYTES = 64 * 1024
 # Stands in for the history in the body's skeleton, to find where the history goes in it: random per process, so a
 # client cannot put it elsewhere in a body (were it there first, the body would not check out and be read whole).
 _SENTINEL = f"compaction-proxy history {os.urandom(16).hex()}"
@@ -114,7 +117,7 @@ class BodyMemo:
 
     def _bucket_of(self, body: bytes, key: str) -> int:
         """Which remembered bodies to compare with: those whose history opens with the same bytes."""
-        start = max(body.find(orjson.dumps(key) + b":["), 0)
+        start = max(body.find(orjson.dumps(key) + b":[", 0, _HEAD_BYTES), 0)
         return hash((key, body[start:start + self._key_bytes]))
 
     def _recalled(self, body: bytes, key: str, bucket: int) -> dict[str, Any] | None:
@@ -203,14 +206,19 @@ def _spans(body: bytes, payload: dict[str, Any], key: str, first: int,
     if not isinstance(messages, list):
         return None
     try:
-        encoded = list(map(orjson.dumps, messages))
         skeleton = orjson.dumps({**payload, key: _SENTINEL})
     except (TypeError, orjson.JSONEncodeError):
         return None
     at = skeleton.find(_SENTINEL_JSON)
     head, tail = skeleton[:at], skeleton[at + len(_SENTINEL_JSON):]
     opening = len(head) + 1
-    if not body.startswith(head + b"[") or (last and first != opening):
+    # The body's ends first: a client that spells JSON otherwise (spaces after separators) is told by them, before
+    # every message is encoded on each of its requests for nothing.
+    if not body.startswith(head + b"[") or not body.endswith(b"]" + tail) or (last and first != opening):
+        return None
+    try:
+        encoded = list(map(orjson.dumps, messages))
+    except (TypeError, orjson.JSONEncodeError):
         return None
     position = last or opening
     separator = b"," if last and encoded else b""
