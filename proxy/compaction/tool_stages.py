@@ -11,7 +11,7 @@ from typing import Any
 
 from proxy.compaction.journey import Journey
 from proxy.compaction.pair_summaries import PairSummaries
-from proxy.config import ClearConfig, Settings, SummarizePairsConfig
+from proxy.config import ClearConfig, Settings, SummarizePairsConfig, ToolResultsConfig
 from proxy.core import budget, clearing
 from proxy.core.calibration import Calibration
 from proxy.core.clearing import Cleared, ClearingRule
@@ -31,6 +31,8 @@ class ToolStages:
         self._calibration = calibration
         self._pairs = pairs
         self._reported = _Reported()
+        # Stage 2 under each tool-results config in use (the global one, a model's own): made once, not per request.
+        self._pair_views: dict[int, tuple[ToolResultsConfig, PairSummaries]] = {}
 
     async def shape(self, journey: Journey[Any]) -> None:
         """`journey.swapped` and `journey.cleared` for the conversation as it stands (after a summary too). With
@@ -159,10 +161,17 @@ class ToolStages:
         """Stage 2 under the model's settings. With clearing on, any round but the current one may be summarised:
         its summary is used only when the clearing reaches it, and the clearing keeps far fewer than keep_recent."""
         settings = self._settings.tool_results_for(model)
+        # Keyed by the config's identity: the settings hold it (the key is never reused while they live), and a
+        # client's model names, unbounded, all map to one of a few configs.
+        held = self._pair_views.get(id(settings))
+        if held is not None and held[0] is settings:
+            return held[1]
         policy = _policy(self._settings, settings.summarize_pairs)
         if settings.clear.enabled:
             policy = dataclasses.replace(policy, keep_recent=min(policy.keep_recent, 1))
-        return pairs.under(policy)
+        view = pairs.under(policy)
+        self._pair_views[id(settings)] = (settings, view)
+        return view
 
 
 def pair_policy(settings: Settings) -> PairSummaryPolicy:

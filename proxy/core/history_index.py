@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections import OrderedDict
+import operator
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -31,6 +32,7 @@ from proxy.offload import LARGE
 
 DEFAULT_ENTRIES = 100_000  # messages remembered; about 0.4 KB each whatever the message's size
 _SORTED_DUMPS = functools.partial(orjson.dumps, option=orjson.OPT_SORT_KEYS)
+_TOKENS, _BEFORE, _AFTER, _AFTER_HEX = (operator.itemgetter(field) for field in (1, 2, 3, 4))
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,8 @@ class HistoryIndex:
             keys = list(map(hash, canonical))
         found = list(map(self._entries.get, keys))
         missing: dict[int, tuple[int, bytes]] = {}
+        if None not in found:  # a history resent whole: nothing new, told at C speed
+            return keys, found, missing
         for index, entry in enumerate(found):
             if entry is None and keys[index] not in missing:
                 missing[keys[index]] = (index, canonical[index] if canonical is not None
@@ -110,11 +114,23 @@ class HistoryIndex:
         entries = self._entries
         for key, entry in fresh.items():
             entries.setdefault(key, entry)  # another read may have added it while this one was in a thread
-        known = [entry if entry is not None else entries[key] for key, entry in zip(keys, found, strict=True)]
-        state = self._root(namespace)
-        chain: list[str] = []
+        # Nothing fresh: every message was found (the two go together, see _look_up).
+        known = cast(list[_Entry], found) if not fresh else \
+            [entry if entry is not None else entries[key] for key, entry in zip(keys, found, strict=True)]
+        root = self._root(namespace)
+        # The links already stored, as far as they run unbroken from the root: on a history resent whole, all of
+        # them. Read at C speed; the loop below is for what is new or was linked through another history.
+        linked = _linked(known, root)
+        chain = list(map(_AFTER_HEX, known[:linked]))
+        try:  # each used again, the last most recently
+            deque(map(entries.move_to_end, keys[:linked]), maxlen=0)
+        except KeyError:  # dropped by a read that finished while this one was in a thread
+            for key, entry in zip(keys[:linked], known, strict=False):
+                entries.setdefault(key, entry)
+                entries.move_to_end(key)
+        state = known[linked - 1][3] if linked else root
         append, used = chain.append, entries.move_to_end
-        for key, entry in zip(keys, known, strict=True):  # the hot loop of a long history: kept flat
+        for key, entry in zip(keys[linked:], known[linked:], strict=True):  # what is new or linked otherwise
             digest, tokens, before, after, after_hex = entry
             if before != state:
                 after = chain_link(state, digest)
@@ -128,7 +144,7 @@ class HistoryIndex:
             state = after
         while len(entries) > self._max_entries:
             entries.popitem(last=False)
-        return History(chain, [entry[1] for entry in known], len(fresh))
+        return History(chain, list(map(_TOKENS, known)), len(fresh))
 
     def _root(self, namespace: str) -> bytes:
         root = self._roots.get(namespace)
@@ -137,6 +153,19 @@ class HistoryIndex:
                 self._roots.clear()
             root = self._roots[namespace] = chain_root(namespace)
         return root
+
+
+def _linked(known: list[_Entry], root: bytes) -> int:
+    """How many entries from the first hold the links this history's chain goes through: each one's state before
+    is the state after the one in front of it (the first's: the namespace's root). A new entry links nothing (its
+    states are empty), so the run stops at it."""
+    if not known or known[0][2] != root:
+        return 0
+    befores, afters = list(map(_BEFORE, known)), list(map(_AFTER, known))
+    del befores[0], afters[-1]  # entry i + 1's state before against entry i's after
+    if befores == afters:
+        return len(known)
+    return list(map(operator.eq, befores, afters)).index(False) + 1
 
 
 def _canonical(messages: Sequence[Any]) -> list[bytes]:

@@ -120,6 +120,7 @@ class MemoryStore:
         self._clock = clock
         # key -> (record, expires_at, size in bytes)
         self._entries: OrderedDict[tuple[str, str], tuple[CompactedPrefix, float, int]] = OrderedDict()
+        self._hashes: dict[str, set[str]] = {}  # the prefix hashes held, by namespace: what longest_match meets
         self.total_bytes = 0
 
     def __len__(self) -> int:
@@ -135,6 +136,10 @@ class MemoryStore:
         entry = self._entries.pop(key, None)
         if entry is not None:
             self.total_bytes -= entry[2]
+            held = self._hashes[key[0]]
+            held.discard(key[1])
+            if not held:
+                del self._hashes[key[0]]
 
     def _lookup(self, key: tuple[str, str]) -> CompactedPrefix | None:
         entry = self._entries.get(key)
@@ -159,21 +164,18 @@ class MemoryStore:
             log.warning("not keeping a summary of %d bytes: store.max_bytes is %d", size, self.max_bytes)
             return
         self._entries[key] = (record, self._clock() + self._ttl, size)
+        self._hashes.setdefault(namespace, set()).add(record.prefix_hash)
         self.total_bytes += size
         while len(self._entries) > self._max_entries or self.total_bytes > self.max_bytes:
             self._remove(next(iter(self._entries)))
 
     async def longest_match(self, namespace: str, chain: Sequence[str]) -> CompactedPrefix | None:
-        # The fewer of the two is walked: a chain of 400 links against a store of a few records (or none) costs
-        # the records, not 400 lookups; a store of thousands against a short chain costs the chain.
-        if len(self._entries) < len(chain):
-            at = dict(zip(chain, range(len(chain)), strict=True))
-            keys = [key for key in self._entries if key[0] == namespace and key[1] in at]
-            candidates = sorted(keys, key=lambda key: at[key[1]], reverse=True)
-        else:
-            candidates = [(namespace, prefix_hash) for prefix_hash in reversed(chain)]
-        for key in candidates:
-            record = self._lookup(key)
+        # The chain met with the namespace's hashes in one pass at C speed: a chain of 400 links costs that pass
+        # whether the store holds thousands of records or none, not 400 lookups nor an index built per request.
+        held = self._hashes.get(namespace)
+        hits = held.intersection(chain) if held else ()
+        for prefix_hash in sorted(hits, key=chain.index, reverse=True):
+            record = self._lookup((namespace, prefix_hash))
             if record is not None and record.matches(chain):
                 return record
         return None
@@ -183,3 +185,4 @@ class MemoryStore:
 
     async def close(self) -> None:
         self._entries.clear()
+        self._hashes.clear()

@@ -163,3 +163,16 @@ def test_a_full_index_is_nothing_the_garbage_collector_tracks() -> None:
     gc.collect()  # tuples of atomic values are untracked by a collection
     assert len(index) == 101
     assert not any(gc.is_tracked(entry) for entry in index._entries.values())
+
+
+def test_a_history_resent_after_another_linked_its_messages_otherwise_is_linked_again() -> None:
+    """The stored links are read as far as they run unbroken; where another history relinked a message they share,
+    the chain is computed on from there, and the least recently used order follows every message read."""
+    index = HistoryIndex(COUNTER, max_entries=6)  # the six messages of the two histories
+    first = [{"role": "system", "content": "one"}, *turn(0), *turn(1)]
+    other = [{"role": "system", "content": "two"}, *turn(1)]  # links turn 1's messages after another prefix
+    for history in (first, first, other, first, other, first):
+        read = index.read(history, "ns")
+        assert (read.chain, read.tokens) == reference(history, "ns")
+    index.read([{"role": "user", "content": "newest"}], "ns")  # one more than room: the oldest used goes
+    assert index.read(first, "ns").new == 0 and index.read(other, "ns").new == 1

@@ -357,12 +357,13 @@ async def test_key_is_reusable_and_keys_are_independent() -> None:
 @settings(max_examples=150, deadline=None)
 @given(st.integers(1, 30), st.lists(st.tuples(st.integers(1, 30), st.booleans(), st.booleans()), max_size=25),
        st.integers(0, 30))
-def test_memory_longest_match_walks_the_fewer_and_finds_what_a_walk_of_the_chain_finds(
+def test_memory_longest_match_finds_what_a_walk_of_the_chain_finds(
         length: int, records: list[tuple[int, bool, bool]], others: int) -> None:
     """Records at random prefixes (of this chain or another's; this tenant's or another's, some expired), and as
-    many unrelated ones: the store walks its records or the chain, whichever is fewer, with the same answer."""
+    many unrelated ones: the store meets the chain with the hashes it holds, with the walk's answer, and the hashes
+    it holds are its records' at every step (replaced, expired, evicted)."""
     clock = FakeClock()
-    store = MemoryStore(max_entries=1000, ttl_seconds=TTL, clock=clock)
+    store = MemoryStore(max_entries=20, ttl_seconds=TTL, clock=clock)
     chain, other_chain = hash_chain(history(length), TENANT), hash_chain(history(30, salt="x"), TENANT)
 
     async def fill() -> None:
@@ -380,10 +381,19 @@ def test_memory_longest_match_walks_the_fewer_and_finds_what_a_walk_of_the_chain
                 return record
         return None
 
+    def held() -> dict[str, set[str]]:
+        by_namespace: dict[str, set[str]] = {}
+        for namespace, prefix_hash in store._entries:
+            by_namespace.setdefault(namespace, set()).add(prefix_hash)
+        return by_namespace
+
     async def check() -> None:
         await fill()
+        assert store._hashes == held()
         assert await store.longest_match(TENANT, chain) == await reference()
-        clock.now += TTL  # every record expired: nothing matches, whichever way the store walks
+        assert store._hashes == held()
+        clock.now += TTL  # every record expired: nothing matches
         assert await store.longest_match(TENANT, chain) is None
+        assert store._hashes == held()
 
     asyncio.run(check())
