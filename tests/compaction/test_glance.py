@@ -154,3 +154,20 @@ def test_no_glanced_request_is_past_the_prepare_mark(prepare_at: float, threshol
                                tool_results={"clear": {"enabled": clear}})
     window = 100_000
     assert glance.SHARE * glance.first_limit(configured, "m", window) <= prepare_at * threshold * window + 1
+
+
+MARKER_SETS = [markers for markers in (CHAT.quick_markers, MESSAGES.quick_markers, RESPONSES.quick_markers)
+               if markers is not None]
+# Bytes that spell the markers' pieces often, so generated bodies hold whole markers, near misses and overlaps.
+PIECES = st.sampled_from([b'"', b"image", b"_url", b'"file', b"compaction", b"input_", b"audio", b'"truncation"',
+                          b"context_management", b'"conversation', b"x", b"\\", b"{", b":"] +
+                         [marker for markers in MARKER_SETS for marker in markers])
+
+
+@given(st.lists(PIECES, max_size=30).map(b"".join), st.sampled_from(MARKER_SETS))
+@settings(max_examples=300, deadline=None)
+def test_a_body_holds_a_marker_for_the_glance_exactly_when_it_holds_one_of_them(
+        body: bytes, markers: tuple[bytes, ...]) -> None:
+    """The dialect's markers searched for as one pattern: found exactly when a search for each finds one."""
+    held = any(marker in body for marker in markers)
+    assert (glance._any_of(markers).search(body) is not None) is held
