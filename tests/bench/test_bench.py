@@ -88,8 +88,21 @@ def test_the_calls_benchmark_counts_each_targets_python_calls_per_request() -> N
     assert done.stdout.count("the functions whose calls grew most per request") == 3
 
 
+def test_the_steps_benchmark_times_the_proxys_own_steps_per_request() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.steps", "--shape", "long", "--requests", "5"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = table(done.stdout)
+    # A resent history goes the whole way: read, its journey begun, answered, learnt from; each step once.
+    for step in ("Pipeline.parse", "Pipeline._begin", "HistoryIndex.read_off_loop", "Pipeline._finish",
+                 "Pipeline._learn"):
+        assert float(rows[step]["µs per request"]) > 0 and float(rows[step]["calls per request"]) == 1.0, step
+    begin, index = (float(rows[step]["µs per request"]) for step in ("Pipeline._begin", "HistoryIndex.read_off_loop"))
+    assert begin >= index  # the history index is read inside the journey's beginning
+
+
 @pytest.mark.parametrize("module", ["bench", "bench.agents", "bench.calls", "bench.fidelity", "bench.hostile",
-                                    "bench.small_windows", "bench.reuse_latency", "bench.soak"])
+                                    "bench.small_windows", "bench.reuse_latency", "bench.soak", "bench.steps"])
 def test_a_benchmark_starts_without_pytest(module: str) -> None:
     """The fakes and helpers a benchmark shares with the tests import no pytest: a machine with only the
     benchmark's dependencies runs it."""
