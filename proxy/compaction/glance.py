@@ -67,7 +67,7 @@ def payload_of(body: bytes, headers: Mapping[str, str], markers: tuple[bytes, ..
     client's mode."""
     if markers is None or (max_bytes is not None and len(body) > max_bytes) or MODE in headers:
         return None
-    if markers and holds_marker(body, markers):
+    if holds_marker(body, markers):
         return None
     if read is not None:
         try:
@@ -86,6 +86,8 @@ def holds_marker(body: bytes, markers: tuple[bytes, ...]) -> bool:
     history with Responses' eight: a fifth of the time of a search for each). Past it, a search for each: the
     pattern tries its markers wherever a quote stands, so a body of nothing but quotes costs it about five times a
     search for each; bounded at MAX_BYTES, that is a millisecond, not the seconds of a body of many megabytes."""
+    if not markers:
+        return False
     if len(body) <= MAX_BYTES:
         return _any_of(markers).search(body) is not None
     return any(marker in body for marker in markers)

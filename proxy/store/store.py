@@ -15,6 +15,7 @@ log = logging.getLogger("proxy.store")
 Clock = Callable[[], float]
 # Bytes counted for one memory entry beyond its record's JSON: the key tuple, the entry tuple, the dict slot.
 _ENTRY_OVERHEAD_BYTES = 200
+_FEW_HITS = 16  # stored prefixes of one chain ordered by a scan each; more, by one walk of the chain
 
 
 @dataclass(frozen=True)
@@ -173,8 +174,11 @@ class MemoryStore:
         # The chain met with the namespace's hashes in one pass at C speed: a chain of 400 links costs that pass
         # whether the store holds thousands of records or none, not 400 lookups nor an index built per request.
         held = self._hashes.get(namespace)
-        hits = held.intersection(chain) if held else ()
-        for prefix_hash in sorted(hits, key=chain.index, reverse=True):
+        hits = held.intersection(chain) if held else set()
+        # Longest first: a few hits are each found in the chain (a scan at C speed), many by one walk of it.
+        longest_first = sorted(hits, key=chain.index, reverse=True) if len(hits) <= _FEW_HITS else \
+            [prefix_hash for prefix_hash in reversed(chain) if prefix_hash in hits]
+        for prefix_hash in longest_first:
             record = self._lookup((namespace, prefix_hash))
             if record is not None and record.matches(chain):
                 return record

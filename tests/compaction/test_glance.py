@@ -172,3 +172,4 @@ def test_a_body_holds_a_marker_for_the_glance_exactly_when_it_holds_one_of_them(
     exactly when a search for each finds one, either way."""
     for whole in (body, body + b"x" * glance.MAX_BYTES, b"x" * glance.MAX_BYTES + body):
         assert glance.holds_marker(whole, markers) is any(marker in whole for marker in markers)
+        assert glance.holds_marker(whole, ()) is False

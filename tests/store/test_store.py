@@ -355,7 +355,7 @@ async def test_key_is_reusable_and_keys_are_independent() -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(1, 30), st.lists(st.tuples(st.integers(1, 30), st.booleans(), st.booleans()), max_size=25),
+@given(st.integers(1, 30), st.lists(st.tuples(st.integers(1, 30), st.booleans(), st.booleans()), max_size=40),
        st.integers(0, 30))
 def test_memory_longest_match_finds_what_a_walk_of_the_chain_finds(
         length: int, records: list[tuple[int, bool, bool]], others: int) -> None:
@@ -363,7 +363,7 @@ def test_memory_longest_match_finds_what_a_walk_of_the_chain_finds(
     many unrelated ones: the store meets the chain with the hashes it holds, with the walk's answer, and the hashes
     it holds are its records' at every step (replaced, expired, evicted)."""
     clock = FakeClock()
-    store = MemoryStore(max_entries=20, ttl_seconds=TTL, clock=clock)
+    store = MemoryStore(max_entries=40, ttl_seconds=TTL, clock=clock)
     chain, other_chain = hash_chain(history(length), TENANT), hash_chain(history(30, salt="x"), TENANT)
 
     async def fill() -> None:
@@ -397,3 +397,16 @@ def test_memory_longest_match_finds_what_a_walk_of_the_chain_finds(
         assert store._hashes == held()
 
     asyncio.run(check())
+
+
+@pytest.mark.parametrize("stored", [1, 16, 17, 30])
+async def test_memory_longest_match_orders_few_and_many_hits_longest_first(stored: int) -> None:
+    """However many prefixes of the chain are stored (ordered by a scan each up to a few, by a walk past that), the
+    longest that matches is the one returned; with the longest edited away, the next."""
+    store = MemoryStore(max_entries=100, ttl_seconds=TTL, clock=FakeClock())
+    chain = hash_chain(history(30), TENANT)
+    for prefix in range(30 - stored + 1, 31):
+        await store.put(TENANT, record_for(chain, prefix))
+    assert await store.longest_match(TENANT, chain) == record_for(chain, 30)
+    edited = [*chain[:29], "0" * 64]  # the last message changed: its link differs
+    assert await store.longest_match(TENANT, edited) == (record_for(chain, 29) if stored > 1 else None)
