@@ -30,7 +30,10 @@ from typing import Any
 import aiohttp
 
 from bench.bodies import SHAPES, Bodies
-from bench.processes import start_upstream, stop
+from bench.machine import commit, header
+from bench.processes import BENCH_ROOT, start_upstream, stop
+from bench.scenarios import Row
+from bench.table import render
 from bench.targets import proxy_config
 
 WARMUP = 50
@@ -143,11 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     clock = Clock()
     steps = [step for step in STEPS if clock.wrap(step)]
     cpu = asyncio.run(run(args.shape, args.requests, clock))
-    print(f"shape {args.shape}, {args.requests} requests; proxy and client CPU per request {cpu * 1000:.3f} ms")
-    print("| step | µs per request | calls per request |\n| --- | ---: | ---: |")
+    root = args.proxy_root or BENCH_ROOT
+    column = f"proxy {commit(root)}"
+    rows = [Row("proxy and client CPU per request", "ms", {column: cpu * 1000})]
     for step in steps:
-        print(f"| {step.partition(':')[2]} | {clock.seconds[step] / args.requests * 1e6:.1f} | "
-              f"{clock.calls[step] / args.requests:.1f} |")
+        name = step.partition(":")[2]
+        rows += [Row(name, "µs", {column: clock.seconds[step] / args.requests * 1e6}),
+                 Row(f"{name} calls", "calls", {column: clock.calls[step] / args.requests})]
+    print(render([*header([root]), f"shape: {args.shape}, {args.requests} requests"], [column], rows))
     return 0
 
 
