@@ -41,7 +41,7 @@ class ToolStages:
         summary matches is swapped for it."""
         journey.swapped, journey.cleared, journey.elided = None, None, 0
         conversation = journey.conversation
-        pairs = self._pairs_for(self._pairs, journey.call.model) if self._pairs is not None else None
+        pairs = self._pairs_for(journey.call.model) if self._pairs is not None else None
         if not self._settings.tool_results_for(journey.call.model).clear.enabled:
             if pairs is not None:
                 swapped = await pairs.applied(conversation.messages, conversation.namespace)
@@ -110,7 +110,7 @@ class ToolStages:
         if self._pairs is None:
             return
         model = self._settings.compaction.summarizer.model or call.model
-        self._pairs_for(self._pairs, call.model).start(journey.view.messages, journey.conversation.namespace,
+        self._pairs_for(call.model).start(journey.view.messages, journey.conversation.namespace,
                                                        window=journey.limits.window, model=model, headers=headers,
                                                        passed=self._placeholders(journey))
 
@@ -157,9 +157,11 @@ class ToolStages:
         messages = journey.conversation.messages
         return frozenset(str(messages[index].get("tool_call_id")) for index in journey.cleared.indices)
 
-    def _pairs_for(self, pairs: PairSummaries, model: str) -> PairSummaries:
-        """Stage 2 under the model's settings. With clearing on, any round but the current one may be summarised:
-        its summary is used only when the clearing reaches it, and the clearing keeps far fewer than keep_recent."""
+    def _pairs_for(self, model: str) -> PairSummaries:
+        """Stage 2 under the model's settings (called only when there are pair summaries). With clearing on, any
+        round but the current one may be summarised: its summary is used only when the clearing reaches it, and the
+        clearing keeps far fewer than keep_recent."""
+        assert self._pairs is not None, "stage 2 is off: no pair summaries"
         settings = self._settings.tool_results_for(model)
         # Keyed by the config's identity: the settings hold it (the key is never reused while they live), and a
         # client's model names, unbounded, all map to one of a few configs.
@@ -169,7 +171,7 @@ class ToolStages:
         policy = _policy(self._settings, settings.summarize_pairs)
         if settings.clear.enabled:
             policy = dataclasses.replace(policy, keep_recent=min(policy.keep_recent, 1))
-        view = pairs.under(policy)
+        view = self._pairs.under(policy)
         self._pair_views[id(settings)] = (settings, view)
         return view
 

@@ -53,9 +53,9 @@ def test_stage_two_under_each_models_settings_is_made_once_whatever_the_model_na
     pairs = PairSummaries(MemoryStore(8, 60.0), lambda model: None, load_templates(settings), counter, Metrics(),
                           pair_policy(settings))
     stages = ToolStages(settings, counter, Calibration(), pairs)
-    views = {model: stages._pairs_for(pairs, model) for model in ("own", *(f"model-{n}" for n in range(50)))}
+    views = {model: stages._pairs_for(model) for model in ("own", *(f"model-{n}" for n in range(50)))}
     assert all(views[f"model-{n}"] is views["model-0"] for n in range(50))
-    assert views["model-0"]._policy == stages._pairs_for(pairs, "other")._policy
+    assert views["model-0"]._policy == stages._pairs_for("other")._policy
     assert views["model-0"]._policy.keep_recent in (1, 6) and views["own"]._policy.keep_recent == 1
     assert views["own"] is not views["model-0"]
-    assert stages._pairs_for(pairs, "own") is views["own"] and len(stages._pair_views) == 2
+    assert stages._pairs_for("own") is views["own"] and len(stages._pair_views) == 2
