@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy import __version__
+from proxy.access_lines import HeldLines
 from proxy.app import start_server
 from proxy.config import ConfigError, Settings, load_settings, open_relay_problem
 from proxy.http.appkeys import RUNTIME
@@ -95,6 +96,9 @@ def configure_logging(settings: Settings, worker: int | None = None) -> None:
     install_redaction()
     # After redaction, so a "suppressed N similar" line quotes an already redacted message.
     install_repeat_limits()
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler):
+            HeldLines.install(handler, settings.logging.access_log_flush_seconds)
 
 
 def raise_open_files_limit(max_connections: int) -> None:

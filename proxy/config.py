@@ -312,6 +312,9 @@ class LoggingConfig(_Frozen):
     format: Literal["text", "json"] = "text"
     # One JSON line per request on the `proxy.access` logger (probes at DEBUG); request ids are returned either way.
     access_log: bool = True
+    # How long access lines may wait to be written together (one write to stderr for many requests, as nginx's and
+    # Envoy's access logs buffer); any other log line writes them first, so the order holds. 0: each as it comes.
+    access_log_flush_seconds: float = Field(default=0.5, ge=0, le=10)
 
 
 class ResponsesDialectConfig(_Frozen):

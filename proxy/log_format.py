@@ -29,28 +29,50 @@ class JsonLines(logging.Formatter):
         self._worker = worker
 
     def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname, "logger": record.name}
-        if self._worker is not None:
-            line["worker"] = self._worker
         message = record.getMessage()
         fields = getattr(record, FIELDS_ATTRIBUTE, None)
+        line = self._opening(record.created, record.levelname, record.name)
         event = fields if isinstance(fields, dict) else _event(message)
         if event is None:
             line["message"] = message
         else:
-            line.update({f"event_{key}" if key in _BASE else key: value for key, value in event.items()})
+            _add_event(line, event)
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
             line["exception"] = record.exc_text
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
-        try:
-            return orjson.dumps(line, default=str).decode()
-        except (TypeError, orjson.JSONEncodeError):  # a lone surrogate, an integer past 64 bits: json spells them
-            return json.dumps(line, ensure_ascii=False, default=str)
+        return _dumped(line)
+
+    def event_line(self, created: float, level: str, name: str, message: str, fields: dict[str, Any] | None) -> str:
+        """What format() makes of a record of an event (the access log's), without the record."""
+        line = self._opening(created, level, name)
+        event = fields if fields is not None else _event(message)
+        if event is None:
+            line["message"] = message
+        else:
+            _add_event(line, event)
+        return _dumped(line)
+
+    def _opening(self, created: float, level: str, name: str) -> dict[str, Any]:
+        line: dict[str, Any] = {
+            "time": datetime.datetime.fromtimestamp(created, datetime.UTC).isoformat(timespec="milliseconds"),
+            "level": level, "logger": name}
+        if self._worker is not None:
+            line["worker"] = self._worker
+        return line
+
+
+def _add_event(line: dict[str, Any], event: dict[str, Any]) -> None:
+    line.update({f"event_{key}" if key in _BASE else key: value for key, value in event.items()})
+
+
+def _dumped(line: dict[str, Any]) -> str:
+    try:
+        return orjson.dumps(line, default=str).decode()
+    except (TypeError, orjson.JSONEncodeError):  # a lone surrogate, an integer past 64 bits: json spells them
+        return json.dumps(line, ensure_ascii=False, default=str)
 
 
 def _event(message: str) -> dict[str, Any] | None:
@@ -68,21 +90,34 @@ class TextLines(logging.Formatter):
     """Time, level, logger and message, with the time's seconds formatted once a second rather than per record
     (the access log writes a line per request)."""
 
-    def __init__(self, fmt: str) -> None:
-        super().__init__(fmt)
+    def __init__(self, who: str = "") -> None:
+        super().__init__(TEXT.format(who=who))
+        self._who = who
         self._second: tuple[int, str] = (-1, "")
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return self._stamp(record.created, record.msecs)
+
+    def event_line(self, created: float, level: str, name: str, message: str, fields: dict[str, Any] | None) -> str:
+        """What format() makes of a record without a traceback, without the record."""
+        return f"{self._stamp(created, _msecs(created))} {level} {self._who}{name} {message}"
+
+    def _stamp(self, created: float, msecs: float) -> str:
         second, text = self._second
-        if int(record.created) != second:  # one tuple swapped whole: safe from any thread
-            second = int(record.created)
-            text = time.strftime(self.default_time_format, self.converter(record.created))
+        if int(created) != second:  # one tuple swapped whole: safe from any thread
+            second = int(created)
+            text = time.strftime(self.default_time_format, self.converter(created))
             self._second = (second, text)
-        return f"{text},{int(record.msecs):03d}"  # logging's default_msec_format
+        return f"{text},{int(msecs):03d}"  # logging's default_msec_format
+
+
+def _msecs(created: float) -> float:
+    # As logging.LogRecord computes them from the same time.time().
+    return int((created - int(created)) * 1000) + 0.0
 
 
 def formatter(kind: str, worker: int | None = None) -> logging.Formatter:
     """The formatter for `logging.format`: "json", or "text" (anything else)."""
     if kind == "json":
         return JsonLines(worker)
-    return TextLines(TEXT.format(who="" if worker is None else f"worker-{worker} "))
+    return TextLines("" if worker is None else f"worker-{worker} ")

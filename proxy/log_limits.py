@@ -65,6 +65,16 @@ class RepeatLimiter(logging.Filter):
             self._handler.handle(summary)  # outside the lock: the summary passes this filter again
         return allowed
 
+    def release_expired(self) -> None:
+        """What filter() does before any record: report the intervals that are over. For lines written past the
+        handler's filters (proxy.access_lines), which would otherwise hold a summary back until the next record."""
+        if not self._windows:
+            return
+        with self._lock:
+            summaries = self._expire(self._clock())
+        for summary in summaries:
+            self._handler.handle(summary)
+
     def flush(self) -> None:
         """Report every count still pending, whatever its interval (at shutdown)."""
         with self._lock:

@@ -28,7 +28,7 @@ RESTART_ONLY = {
     "server": ("host", "port", "max_body_bytes", "header_timeout", "keepalive_timeout", "body_timeout",
                "shutdown_grace_seconds", "event_loop"),
     "upstream": ("max_connections", "keepalive_timeout"),
-    "logging": ("access_log",),
+    "logging": ("access_log", "access_log_flush_seconds"),
 }
 RESTART_ONLY_SECTIONS = ("store",)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import os
 import re
@@ -12,18 +11,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from proxy import request_context
+from proxy.access_lines import AccessLines
 from proxy.config import Settings
 from proxy.core.credentials import CREDENTIAL_HEADERS
 from proxy.core.fingerprint import HASH_ERRORS
 from proxy.headers import log_fields
 from proxy.http.routes import route_of
 from proxy.log_filters import redact
-from proxy.log_format import FIELDS_ATTRIBUTE
 from proxy.request_context import Notes
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -37,8 +35,6 @@ _SANE_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_REQUEST_ID}}}")
 _PROBES = frozenset({"healthz", "readyz", "metrics"})
 # nginx's status for "the client closed the connection before an answer was sent": no real response has it.
 CLIENT_CLOSED = 499
-
-access_log = logging.getLogger("proxy.access")
 
 
 @dataclass
@@ -115,6 +111,7 @@ def request_log(settings: Settings) -> Middleware:
     """The outermost middleware: every request gets an id (refusals included) and, when it ends, one log line."""
     configured = _configured_keys(settings)
     enabled = settings.logging.access_log
+    lines = AccessLines()
 
     @web.middleware
     async def log_request(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -136,7 +133,7 @@ def request_log(settings: Settings) -> Middleware:
         finally:
             request_context.leave(token)
             if enabled:
-                _write(request, entry, response, error, route_of(request.path))
+                _write(request, entry, response, error, route_of(request.path), lines)
             entry.notes.closed = True
 
     return log_request
@@ -167,7 +164,7 @@ def stamp(entry: _Entry, response: web.StreamResponse) -> None:
 
 
 def _write(request: web.Request, entry: _Entry, returned: web.StreamResponse | None, error: BaseException | None,
-           route: str) -> None:
+           route: str, lines: AccessLines) -> None:
     try:
         line = _line(request, entry, returned, error, route)
     except Exception:  # the log line must never cost the client its answer
@@ -176,19 +173,7 @@ def _write(request: web.Request, entry: _Entry, returned: web.StreamResponse | N
     quiet = line["route"] in _PROBES and isinstance(line["status"], int) and line["status"] < 400
     # Probes come every few seconds from each load balancer: at INFO they would bury the traffic.
     level = logging.DEBUG if quiet else logging.INFO
-    if access_log.isEnabledFor(level):
-        # The record made here rather than by log(): a line per request need not look up where it was logged from
-        # (findCaller walks the stack), and carries its fields for a JSON formatter to use as they are.
-        record = access_log.makeRecord(access_log.name, level, __file__, 0, _json_line(line), (), None,
-                                       extra={FIELDS_ATTRIBUTE: line})
-        access_log.handle(record)
-
-
-def _json_line(line: dict[str, Any]) -> str:
-    try:
-        return orjson.dumps(line).decode()
-    except (TypeError, orjson.JSONEncodeError):  # a lone surrogate in a path: json escapes it
-        return json.dumps(line)
+    lines.write(level, line)
 
 
 def _line(request: web.Request, entry: _Entry, returned: web.StreamResponse | None, error: BaseException | None,
@@ -209,7 +194,7 @@ def _line(request: web.Request, entry: _Entry, returned: web.StreamResponse | No
         line["status"] = CLIENT_CLOSED if _cancelled(error) else 500
     line["duration_ms"] = round((time.perf_counter() - entry.started) * 1000, 1)
     if response is not None:
-        line["stream"] = response.content_type == "text/event-stream"
+        line["stream"] = _is_stream(response)
         size = _bytes(request, response)
         if size is not None:
             line["bytes"] = size
@@ -227,6 +212,12 @@ def _line(request: web.Request, entry: _Entry, returned: web.StreamResponse | No
         # The client left, or the proxy had to cut a started stream: the answer did not reach its end.
         line["aborted"] = True
     return line
+
+
+def _is_stream(response: web.StreamResponse) -> bool:
+    # The header read as it is: aiohttp's content_type parses every parameter of it.
+    kind = response.headers.get("Content-Type", "")
+    return kind.partition(";")[0].strip().lower() == "text/event-stream"
 
 
 def _cancelled(error: BaseException | None) -> bool:
