@@ -24,10 +24,8 @@ from proxy.core.tokens import TokenCounter
 from proxy.dialects.catalog import ROUTES
 from proxy.http import handlers, journal_api
 from proxy.http.appkeys import METRICS, RUNTIME, SETTINGS
-from proxy.http.middleware import count_requests, openai_errors, require_proxy_key
-from proxy.http.paths import refuse_escaping_paths
+from proxy.http.middleware import count_requests, guard
 from proxy.http.pin import pin_runtime, pinned
-from proxy.http.request_body import close_unread_bodies
 from proxy.http.request_log import on_response_prepare, request_log
 from proxy.http.routes import COMPACT_PATH, COUNT_TOKENS_PATH
 from proxy.http.server_timeouts import REFUSED_BODY_LINGER, GuardedAppRunner
@@ -44,16 +42,12 @@ log = logging.getLogger(__name__)
 def create_app(settings: Settings) -> web.Application:
     slot = RuntimeSlot()
     # Outermost first. The request id and its log line outermost, so refusals have both; the runtime pinned
-    # before anything reads it; then paths: an escaping path is refused before anything (auth included) looks
-    # at the request.
+    # before anything reads it; then the guard: paths, keys, errors, unread bodies, in that order.
     middlewares: list[Middleware] = [
         request_log(settings),
         count_requests,
         pin_runtime(slot),
-        refuse_escaping_paths,
-        close_unread_bodies,
-        openai_errors,
-        require_proxy_key(lambda request: pinned(request).proxy_keys),  # the keys of the request's runtime
+        guard(lambda request: pinned(request).proxy_keys),  # the keys of the request's runtime
     ]
     app = web.Application(client_max_size=settings.server.max_body_bytes, middlewares=middlewares)
     app.on_response_prepare.append(on_response_prepare)  # the id on every response, streams included

@@ -30,7 +30,6 @@ ELSEWHERE = {
     "http.handlers": "tests/e2e/test_passthrough.py and every end-to-end test",
     "http.journal_api": "tests/e2e/test_journal_api_e2e.py (tenants, operators, bounds, replicas) and "
                         "tests/e2e/test_dashboard_browser.py (the dashboard in Chromium)",
-    "http.middleware": "tests/e2e/test_keys.py (keys, errors), tests/e2e/test_metrics_e2e.py (counting)",
     "http.pin": "tests/test_reload.py: a stream and concurrent requests survive reloads",
     "http.server_timeouts": "tests/e2e/test_timeouts.py",
     "log_filters": "tests/e2e/test_keys.py and tests/e2e/test_secrets_scan.py (redaction)",

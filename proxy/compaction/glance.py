@@ -60,6 +60,16 @@ def judged(settings: Settings, stated: Callable[[str], int | None], markers: tup
     return model if far_below(len(body), reserve, first_limit(settings, model, window)) else None
 
 
+def markers_for(settings: Settings, quick: tuple[bytes, ...] | None,
+                uncounted: tuple[bytes, ...]) -> tuple[bytes, ...] | None:
+    """What a glance looks for in a dialect's bodies: what the proxy acts on, and with compaction on, content whose
+    tokens its bytes do not bound (off, nothing is counted: a 500 KB history with an image needs nothing either,
+    and each marker is a pass over the body)."""
+    if quick is None:
+        return None
+    return quick + uncounted if settings.compaction.enabled else quick
+
+
 def payload_of(body: bytes, headers: Mapping[str, str], markers: tuple[bytes, ...] | None, *,
                max_bytes: int | None = MAX_BYTES, read: Reader | None = None) -> dict[str, Any] | None:
     """The body's JSON object when a glance may judge the request; None when it must go the whole way: a

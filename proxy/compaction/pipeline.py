@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from typing import Any, Generic
@@ -76,6 +76,7 @@ class Pipeline(Generic[C]):
         self._tokens = JourneyTokens(counter, calibration, self._stages)
         self._ahead = Ahead(settings, dialect, compactor, self._stages, self._tokens)
         self._answer_headers = AnswerHeaders(settings, dialect, metrics, self._recorder, self._tokens)
+        self._markers = glance.markers_for(settings, dialect.quick_markers, dialect.uncounted_markers)
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> C:
         """The client's request as its dialect reads it (BadRequest when it cannot)."""
@@ -89,25 +90,31 @@ class Pipeline(Generic[C]):
         started = time.perf_counter()
         # A large body is read as the whole way would read it (kept for its parse, should the glance not do).
         read = self._read if self._bodies.remembers(body) else None
-        model = glance.judged(self._settings, self._windows.smallest_stated, self._dialect.quick_markers, body,
+        model = glance.judged(self._settings, self._windows.smallest_stated, self._markers, body,
                               headers, read)
         if model is not None:  # the proxy's own time before forwarding, as the whole way's is
             self._metrics.overhead_seconds.observe(time.perf_counter() - started)
         return model
 
-    @asynccontextmanager
-    async def relay(self, body: bytes, headers: Mapping[str, str], query: str, model: str) -> AsyncIterator[Answer]:
-        """A glanced request relayed as it came; an overflow answer takes the whole way: read, compact, retry."""
-        async with AsyncExitStack() as stack:
+    def relay(self, body: bytes, headers: Mapping[str, str], query: str, model: str) -> _Relay[C]:
+        """`async with` it: a glanced request relayed as it came (a live stream open until the block is left); an
+        overflow answer takes the whole way: read, compact, retry."""
+        return _Relay(self, body, headers, query, model)
+
+    async def _relayed(self, stack: AsyncExitStack, body: bytes, headers: Mapping[str, str], query: str,
+                       model: str) -> Answer:
+        try:
             attempt = await send(self._upstream, stack, path=self._dialect.path, reader=self._dialect, query=query,
-                                 headers=headers, body=body)
+                                 headers=headers, body=body, usage=False)  # relayed: nothing learns from it
             if attempt.overflow and (call := self._parsed_or_none(body, headers, query)) is not None:
-                yield await self._overflowed(call, attempt, stack)
-                return
-            if self._count is not None:
-                self._count("none")
-            annotate(model=model, upstream_status=attempt.status)
-            yield attempt_answer(self._upstream, attempt, {COMPACTION: "none"})
+                return await self._overflowed(call, attempt, stack)
+        except BaseException:
+            await stack.aclose()  # no block will be left: what was opened for the answer closes now
+            raise
+        if self._count is not None:
+            self._count("none")
+        annotate(model=model, upstream_status=attempt.status)
+        return attempt_answer(self._upstream, attempt, {COMPACTION: "none"})
 
     def _parsed_or_none(self, body: bytes, headers: Mapping[str, str], query: str) -> C | None:
         try:
@@ -398,3 +405,25 @@ class Pipeline(Generic[C]):
         self._calibration.observe(journey.call.model, self._tokens.raw_estimate(journey), usage.input_tokens)
         self._ahead.after_answer(journey, usage.input_tokens, usage.output_tokens or 0)
         self._stages.after_answer(journey, journey.call.headers)
+
+
+class _Relay(Generic[C]):
+    """Pipeline.relay's context. A class, not a generator-based context manager: every glanced request enters
+    one, and each frame on the request's await chain is passed through every time its task resumes."""
+
+    __slots__ = ("_body", "_headers", "_model", "_pipeline", "_query", "_stack")
+
+    def __init__(self, pipeline: Pipeline[C], body: bytes, headers: Mapping[str, str], query: str,
+                 model: str) -> None:
+        self._pipeline = pipeline
+        self._body = body
+        self._headers = headers
+        self._query = query
+        self._model = model
+        self._stack = AsyncExitStack()
+
+    def __aenter__(self) -> Coroutine[Any, Any, Answer]:
+        return self._pipeline._relayed(self._stack, self._body, self._headers, self._query, self._model)
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._stack.__aexit__(*exc_info)

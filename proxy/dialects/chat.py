@@ -50,8 +50,8 @@ class ChatDialect:
 
     name = "chat"
     path = "/chat/completions"
-    # Content parts whose tokens their bytes do not bound.
-    quick_markers: tuple[bytes, ...] | None = (b'"image_url"', b'"input_audio"', b'"file"')
+    quick_markers: tuple[bytes, ...] | None = ()  # nothing in a body asks the proxy for anything
+    uncounted_markers: tuple[bytes, ...] = (b'"image_url"', b'"input_audio"', b'"file"')
     history_key = "messages"
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str,

@@ -26,9 +26,12 @@ class Dialect(AnswerReader, Protocol[CallT]):
 
     name: str  # the route's and metrics' name for the API
     path: str  # below the upstream's base URL
-    # Bytes whose presence in a body means the request must be read (compaction.glance: an image, a field the
-    # proxy acts on); None: every request is read (a dialect that translates requests).
+    # Bytes whose presence in a body means the request must be read (compaction.glance: a field the proxy acts on);
+    # None: every request is read (a dialect that translates requests).
     quick_markers: tuple[bytes, ...] | None
+    # Content whose tokens its bytes do not bound (an image, a file, audio): only the count needs such a request
+    # read, so with compaction off a glance does not look for these.
+    uncounted_markers: tuple[bytes, ...]
     # The body's field that holds the history ("messages", "input"): where a resent history is found in its bytes.
     history_key: str
 

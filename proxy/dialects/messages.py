@@ -111,9 +111,9 @@ class MessagesDialect:
 
     name = "messages"
     path = "/messages"
-    # Compaction blocks and on-demand compaction, context-management edits, and blocks whose tokens their bytes do
-    # not bound.
-    quick_markers: tuple[bytes, ...] | None = (b'"compaction', b'"context_management"', b'"image"', b'"document"')
+    # Compaction blocks and on-demand compaction, context-management edits.
+    quick_markers: tuple[bytes, ...] | None = (b'"compaction', b'"context_management"')
+    uncounted_markers: tuple[bytes, ...] = (b'"image"', b'"document"')
     history_key = "messages"
 
     def __init__(self, *, upstream_manages_context: bool = False) -> None:

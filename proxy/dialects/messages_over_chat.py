@@ -71,6 +71,7 @@ class MessagesOverChatDialect(MessagesDialect):
 
     path = "/chat/completions"
     quick_markers: tuple[bytes, ...] | None = None  # every request is translated
+    uncounted_markers: tuple[bytes, ...] = ()
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str,
               payload: dict[str, Any] | None = None) -> MessagesCall:

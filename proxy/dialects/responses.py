@@ -82,11 +82,10 @@ class ResponsesDialect:
 
     name = "responses"
     path = "/responses"
-    # Compaction items and triggers, context management, a history kept upstream, and inputs whose tokens their
-    # bytes do not bound.
+    # Compaction items and triggers, context management, a history kept upstream.
     quick_markers: tuple[bytes, ...] | None = (
-        b'"compaction', b'"context_management"', b'"truncation"', b'"previous_response_id"', b'"conversation"',
-        b'"input_image"', b'"input_file"', b'"input_audio"')
+        b'"compaction', b'"context_management"', b'"truncation"', b'"previous_response_id"', b'"conversation"')
+    uncounted_markers: tuple[bytes, ...] = (b'"input_image"', b'"input_file"', b'"input_audio"')
     history_key = "input"
 
     def __init__(self, *, upstream_compacts: bool = False) -> None:
@@ -172,6 +171,7 @@ class ResponsesOverChatDialect(ResponsesDialect):
 
     path = "/chat/completions"
     quick_markers: tuple[bytes, ...] | None = None  # every request is translated
+    uncounted_markers: tuple[bytes, ...] = ()
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str,
               payload: dict[str, Any] | None = None) -> ResponsesCall:

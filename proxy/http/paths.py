@@ -8,7 +8,6 @@ from urllib.parse import unquote, unquote_to_bytes
 from aiohttp import web
 
 from proxy.errors import BadRequest
-from proxy.http.middleware import Handler
 
 # A segment still percent-encoded after this many decodings is refused outright, never decoded further.
 MAX_DECODINGS = 4
@@ -86,13 +85,13 @@ def _utf8_at_every_decoding(path: str) -> bool:
     return True  # still encoded: the segments' own check refuses it
 
 
-@web.middleware
-async def refuse_escaping_paths(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Before authentication and forwarding: the operator's key never goes anywhere but below the base URL."""
+def refused_path(request: web.BaseRequest) -> web.Response | None:
+    """The answer to a path that could leave the base URL, before authentication and forwarding (the operator's
+    key never goes anywhere but below it); None for a path that may go on."""
     problem = refusal(request.raw_path)
-    if problem is not None:
-        error = BadRequest(problem, code="invalid_path")
-        response = web.json_response(error.body(), status=error.status, headers=error.headers())
-        response.force_close()  # whatever body follows is never read
-        return response
-    return await handler(request)
+    if problem is None:
+        return None
+    error = BadRequest(problem, code="invalid_path")
+    response = web.json_response(error.body(), status=error.status, headers=error.headers())
+    response.force_close()  # whatever body follows is never read
+    return response

@@ -11,7 +11,6 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from proxy.errors import BadRequest, PayloadTooLarge, RequestTimeout, UnsupportedEncoding
 from proxy.http.appkeys import SETTINGS
-from proxy.http.middleware import Handler
 
 # Inflated bytes per zlib call: about a millisecond of CPU, after which other requests get the loop.
 INFLATE_STEP = 256 * 1024
@@ -205,11 +204,8 @@ async def _collect(request: web.BaseRequest, inflater: _Inflater | _ZstdInflater
     return bytes(body)
 
 
-@web.middleware
-async def close_unread_bodies(request: web.Request, handler: Handler) -> web.StreamResponse:
+def close_if_unread(request: web.BaseRequest, response: web.StreamResponse) -> None:
     """A request refused before its body was read (401, 413, 408, 400) ends its connection: the rest of the body
     is never inflated, nor drained for keep-alive."""
-    response = await handler(request)
     if not request.content.is_eof():
         response.force_close()
-    return response

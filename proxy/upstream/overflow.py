@@ -27,6 +27,10 @@ _LOOKALIKE_CODES = frozenset({
     "string_above_max_length", "data_inspection_failed",
 })
 _OVERFLOW_FINISH_REASONS = frozenset({"model_context_window_exceeded"})
+# What answer_may_overflow looks for: a record's "error" key (as overflow_in_answer reads it, case and all), and,
+# lower-cased, each finish reason and what marks an event-stream frame (_EVENT_STREAM_KIND).
+_ERROR_KEY = b'"error"'
+_MAY_OVERFLOW = (*(reason.encode() for reason in _OVERFLOW_FINISH_REASONS), b":message-type", b":exception-type")
 # Keys whose values carry a type or code (compared exactly) versus human-readable text (searched).
 _CODE_KEYS = frozenset({"code", "type", "type_", "error_type", "status", "reason"})
 _MESSAGE_KEYS = frozenset({
@@ -266,6 +270,17 @@ def overflow_in_answer(payload: Any) -> bool:
         if overflow_finish(record):
             return True
     return False
+
+
+def answer_may_overflow(body: bytes) -> bool:
+    """False only when a successful answer's bytes cannot hold an overflow as detect_context_overflow and
+    overflow_in_answer read one: no "error" key, no overflow finish reason in any case, no event-stream frame, and
+    no \\u escape that could spell any of them. Almost no successful answer is an overflow; this spares decoding
+    one to find that out."""
+    if _ERROR_KEY in body or b"\\u" in body:
+        return True
+    lowered = body.lower()
+    return any(mark in lowered for mark in _MAY_OVERFLOW)
 
 
 def overflow_finish(payload: Any) -> bool:

@@ -9,7 +9,6 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
@@ -42,6 +41,7 @@ _BASE64_RUN = re.compile(rb"[A-Za-z0-9+/_-]{2,}={0,2}")
 _URL_SAFE = bytes.maketrans(b"-_", b"+/")
 # Only encodings aiohttp decodes without optional packages, so every body the proxy sees is readable.
 ACCEPT_ENCODING = "gzip, deflate"
+_NO_USER_AGENT = ("User-Agent",)
 
 
 def _without(headers: Mapping[str, str], dropped: frozenset[str]) -> CIMultiDict[str]:
@@ -164,46 +164,59 @@ class Upstream:
         log.warning("upstream %s failed %s: %s", self.config.base_url, stage, type(error).__name__)
         return UpstreamUnreachable(f"the upstream connection failed {stage} ({type(error).__name__})")
 
-    @asynccontextmanager
-    async def open(self, request: UpstreamRequest) -> AsyncIterator[aiohttp.ClientResponse]:
-        """The upstream response with headers read; the connection is closed if the caller leaves early."""
+    def open(self, request: UpstreamRequest) -> Opened:
+        """`async with` it: the upstream response with headers read; the connection is closed if the caller leaves
+        early."""
+        return Opened(self, request)
+
+    async def response(self, request: UpstreamRequest) -> aiohttp.ClientResponse:
+        """The upstream response with headers read, its failures proxy errors; the caller closes it (see open).
+
+        One coroutine, the session's call awaited in it directly: the request's task passes through every frame of
+        its await chain each time it resumes, and every request waits here."""
         started = time.monotonic()
+        headers = request_headers(request.headers, self._api_key, self._withheld)
+        # aiohttp would add its own User-Agent to a request that has none; asked not to on every request, it copies
+        # the headers to find out (a client's own User-Agent always goes as it came).
+        skipped = None if "User-Agent" in headers else _NO_USER_AGENT
         try:
-            response = await self._request(request)
+            for attempt in range(2):
+                try:
+                    response = await self._session.request(
+                        request.method, self.url_for(request.path, request.query), headers=headers,
+                        data=request.body if request.body else None, timeout=self._timeout,
+                        allow_redirects=False, compress=False, skip_auto_headers=skipped)
+                    break
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as error:
+                    if attempt or not self._may_retry(request, error):
+                        raise
+            else:
+                raise AssertionError("unreachable")
+        except aiohttp.ConnectionTimeoutError as error:
+            raise self._pool_timeout() from error
         except (TimeoutError, aiohttp.ClientError) as error:
             raise self.translate(error, "before answering") from error
         if self._on_latency is not None:
             self._on_latency(time.monotonic() - started)
-        try:
-            yield response
-        finally:
-            if not response.closed:
-                response.close()
+        return response
 
-    async def _request(self, request: UpstreamRequest) -> aiohttp.ClientResponse:
-        headers = request_headers(request.headers, self._api_key, self._withheld)
-        for attempt in range(2):
-            try:
-                return await self._session.request(
-                    request.method, self.url_for(request.path, request.query), headers=headers,
-                    data=request.body if request.body else None, timeout=self._timeout,
-                    allow_redirects=False, compress=False)
-            except aiohttp.ConnectionTimeoutError as error:
-                if self._on_error is not None:
-                    self._on_error("timeout")
-                raise UpstreamTimeout(
-                    f"no upstream connection within {self.config.pool_timeout + self.config.connect_timeout:g}s "
-                    f"(all {self.config.max_connections} in use, or connecting is slow)") from error
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as error:
-                # The connection failed before an answer. Once any byte of a POST may have reached the upstream,
-                # a second try could run a paid completion twice: only a safe method, or a request provably never
-                # written, goes again (dead pooled connections are discarded unused: see proxy.upstream_pool).
-                if attempt or isinstance(error, aiohttp.ClientConnectorError) or \
-                        not (request.method.upper() in SAFE_METHODS or never_written(error)):
-                    raise
-                log.info("upstream connection failed before %s %s was answered; retrying on a new one",
-                         request.method, request.path)
-        raise AssertionError("unreachable")
+    def _may_retry(self, request: UpstreamRequest, error: BaseException) -> bool:
+        """The connection failed before an answer. Once any byte of a POST may have reached the upstream, a second
+        try could run a paid completion twice: only a safe method, or a request provably never written, goes again
+        (dead pooled connections are discarded unused: see proxy.upstream_pool)."""
+        if isinstance(error, aiohttp.ClientConnectorError) or \
+                not (request.method.upper() in SAFE_METHODS or never_written(error)):
+            return False
+        log.info("upstream connection failed before %s %s was answered; retrying on a new one", request.method,
+                 request.path)
+        return True
+
+    def _pool_timeout(self) -> UpstreamTimeout:
+        if self._on_error is not None:
+            self._on_error("timeout")
+        return UpstreamTimeout(
+            f"no upstream connection within {self.config.pool_timeout + self.config.connect_timeout:g}s "
+            f"(all {self.config.max_connections} in use, or connecting is slow)")
 
     async def read_body(self, response: aiohttp.ClientResponse, limit: int | None = None) -> bytes:
         """The whole body of a response, with idle timeouts and resets as proxy errors; with `limit`, at most that
@@ -222,6 +235,26 @@ class Upstream:
                 yield chunk
         except (TimeoutError, aiohttp.ClientError) as error:
             raise self.translate(error, "while sending its answer") from error
+
+
+class Opened:
+    """Upstream.open's context. A class, not a generator-based context manager: every request enters one, and the
+    generator's machinery cost about as much as the rest of the relay's own steps."""
+
+    __slots__ = ("_request", "_response", "_upstream")
+
+    def __init__(self, upstream: Upstream, request: UpstreamRequest) -> None:
+        self._upstream = upstream
+        self._request = request
+        self._response: aiohttp.ClientResponse | None = None
+
+    async def __aenter__(self) -> aiohttp.ClientResponse:
+        self._response = await self._upstream.response(self._request)
+        return self._response
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._response is not None and not self._response.closed:
+            self._response.close()
 
 
 async def _bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
@@ -244,5 +277,4 @@ def create_session(config: UpstreamConfig) -> aiohttp.ClientSession:
     connector = ReuseCheckingConnector(limit=config.max_connections, limit_per_host=config.max_connections,
                                        ttl_dns_cache=300, keepalive_timeout=config.keepalive_timeout)
     return aiohttp.ClientSession(connector=connector, auto_decompress=True, trust_env=False,
-                                 cookie_jar=aiohttp.DummyCookieJar(), skip_auto_headers=("User-Agent",),
-                                 response_class=UpstreamResponse)
+                                 cookie_jar=aiohttp.DummyCookieJar(), response_class=UpstreamResponse)

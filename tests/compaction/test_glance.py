@@ -21,6 +21,9 @@ from proxy.dialects.responses import RESPONSES, RESPONSES_OVER_CHAT
 from proxy.errors import BadRequest
 from proxy.headers import MODE
 
+CHAT_ON = (*(CHAT.quick_markers or ()), *CHAT.uncounted_markers)  # what compaction on looks for
+RESPONSES_ON = (*(RESPONSES.quick_markers or ()), *RESPONSES.uncounted_markers)
+MESSAGES_ON = (*(MESSAGES.quick_markers or ()), *MESSAGES.uncounted_markers)
 SMALL = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
 
@@ -29,14 +32,13 @@ SMALL = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}
     (SMALL, {MODE: "auto"}, CHAT.quick_markers, False),                       # the client asks something
     (SMALL, {}, MESSAGES_OVER_CHAT.quick_markers, False),                      # a dialect that translates
     (SMALL, {}, RESPONSES_OVER_CHAT.quick_markers, False),
-    (b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', {},
-     CHAT.quick_markers, False),
+    (b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', {}, CHAT_ON, False),
+    (b'{"model": "m", "input": [{"type": "input_image", "image_url": "x"}]}', {}, RESPONSES_ON, False),
     (b'{"model": "m", "input": [{"type": "compaction", "encrypted_content": "x"}]}', {},
      RESPONSES.quick_markers, False),
     (b'{"model": "m", "input": "hi", "previous_response_id": "resp_1"}', {}, RESPONSES.quick_markers, False),
     (b'{"model": "m", "messages": [], "context_management": {"edits": []}}', {}, MESSAGES.quick_markers, False),
-    (b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "image"}]}]}', {},
-     MESSAGES.quick_markers, False),
+    (b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "image"}]}]}', {}, MESSAGES_ON, False),
     (b'{"model": "m", "messages": [', {}, CHAT.quick_markers, False),           # broken: the whole way says why
     (b'["a list"]', {}, CHAT.quick_markers, False),
     (b'{"model": "m", "pad": "' + b"x" * glance.MAX_BYTES + b'"}', {}, CHAT.quick_markers, False),
@@ -48,6 +50,21 @@ def test_which_bodies_a_glance_may_judge(body: bytes, headers: dict[str, str], m
 
 def settings_with(**compaction: Any) -> Settings:
     return settings_from_mapping({"compaction": compaction}, env={})
+
+
+@pytest.mark.parametrize(("dialect", "enabled", "expected"), [
+    (CHAT, True, CHAT_ON),
+    (CHAT, False, ()),                                         # off: nothing in a chat body asks for anything
+    (RESPONSES, True, RESPONSES_ON),
+    (RESPONSES, False, RESPONSES.quick_markers),               # a compaction item is the proxy's, on or off
+    (MESSAGES, False, (b'"compaction', b'"context_management"')),
+    (MESSAGES_OVER_CHAT, True, None),                          # translated: every request read
+    (RESPONSES_OVER_CHAT, False, None),
+])
+def test_the_markers_looked_for_follow_the_compaction_switch(dialect: Any, enabled: bool,
+                                                            expected: tuple[bytes, ...] | None) -> None:
+    markers = glance.markers_for(settings_with(enabled=enabled), dialect.quick_markers, dialect.uncounted_markers)
+    assert markers == expected
 
 
 LARGE = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * glance.MAX_BYTES + b'"}]}'

@@ -99,6 +99,20 @@ async def test_with_compaction_off_a_large_body_is_relayed_byte_for_byte(
     assert await charted_points(proxy.url, 0) == 0
 
 
+async def test_with_compaction_off_an_image_is_not_looked_for(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    """Off, nothing is counted, so content whose tokens its bytes do not bound sends nothing the whole way: the body
+    is relayed as it came, even what the whole way's guards would refuse (nesting deeper than the proxy reads)."""
+    proxy = await make_proxy(config(enabled=False))
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "https://example.invalid/a.png"}}]}]
+    raw = json.dumps(chat(messages, metadata={"deep": json.loads("[" * 200 + "]" * 200)}), indent=1).encode()
+    status, headers, answer = await post(proxy.url, raw)
+    assert status == 200, answer
+    assert headers[COMPACTION] == "none"
+    assert fake.requests[-1].body == raw
+
+
 @pytest.mark.parametrize("case", ["image", "unknown window", "mode header", "shadow mode", "glance off"])
 async def test_what_a_byte_count_cannot_judge_goes_the_whole_way(case: str, model: WindowedModel,
                                                                  make_proxy: ProxyFactory) -> None:

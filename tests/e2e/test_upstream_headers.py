@@ -10,8 +10,10 @@ import pytest
 from multidict import CIMultiDict
 from yarl import URL
 
+from proxy.app import RunningServer
 from proxy.config import UpstreamConfig
 from proxy.upstream.upstream import ACCEPT_ENCODING, Upstream, request_headers, response_headers
+from tests.fakes.openai_upstream import FakeUpstream
 
 HOP_BY_HOP = [
     ("Connection", "keep-alive"),
@@ -154,3 +156,20 @@ def test_url_for_keeps_raw_path_and_query(base_url: str, path: str, query: str, 
     assert isinstance(url, URL) and str(url) == expected
     assert url.raw_query_string == query
     assert url.raw_path.endswith(path)
+
+
+@pytest.mark.parametrize(("sent", "arrived"), [
+    ({"User-Agent": "OpenAI/Python 1.40"}, ["OpenAI/Python 1.40"]),
+    ({"user-agent": "codex_cli_rs/0.171.0"}, ["codex_cli_rs/0.171.0"]),
+    ({}, []),  # none sent: none added (not the HTTP client's own), on the compacted route and any other
+], ids=["sent", "lower-case", "none"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/echo/agent"])
+async def test_the_clients_user_agent_goes_as_it_came_and_none_is_added(
+        sent: dict[str, str], arrived: list[str], path: str, fake: FakeUpstream, proxy: RunningServer) -> None:
+    # aiohttp's client would add its own to every request: the session cannot send headers without one.
+    async with aiohttp.ClientSession(skip_auto_headers=["User-Agent"]) as session:
+        body = {"model": "fake-small", "messages": [{"role": "user", "content": "hi"}]}
+        async with session.post(f"{proxy.url}{path}", json=body, headers=sent) as answer:
+            assert answer.status == 200
+    received = fake.requests[-1].headers
+    assert [value for name, value in received.items() if name.lower() == "user-agent"] == arrived
