@@ -24,7 +24,7 @@ from proxy.core.tokens import TokenCounter
 from proxy.dialects.catalog import ROUTES
 from proxy.http import handlers, journal_api
 from proxy.http.appkeys import METRICS, RUNTIME, SETTINGS
-from proxy.http.middleware import count_requests, guard
+from proxy.http.middleware import guard
 from proxy.http.pin import pin_runtime, pinned
 from proxy.http.request_log import on_response_prepare, request_log
 from proxy.http.routes import COMPACT_PATH, COUNT_TOKENS_PATH
@@ -44,8 +44,7 @@ def create_app(settings: Settings) -> web.Application:
     # Outermost first. The request id and its log line outermost, so refusals have both; the runtime pinned
     # before anything reads it; then the guard: paths, keys, errors, unread bodies, in that order.
     middlewares: list[Middleware] = [
-        request_log(settings),
-        count_requests,
+        request_log(settings),  # and the count of every answer (proxy.http.middleware.count_request)
         pin_runtime(slot),
         guard(lambda request: pinned(request).proxy_keys),  # the keys of the request's runtime
     ]

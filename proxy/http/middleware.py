@@ -1,5 +1,5 @@
-"""The thin middleware stack: requests counted, then the guard (paths, proxy keys, every proxy-made error in its
-route's API shape, unread bodies)."""
+"""The thin middleware stack's guard (paths, proxy keys, every proxy-made error in its route's API shape, unread
+bodies), and the count of every answer."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from proxy.http.appkeys import METRICS
 from proxy.http.paths import refused_path
 from proxy.http.relay import abandon_if_started, clear_started
 from proxy.http.request_body import close_if_unread
-from proxy.http.routes import OPEN_PATHS, OWN_PREFIX, route_of
+from proxy.http.routes import OPEN_PATHS, OWN_PREFIX
 
 log = logging.getLogger("proxy.middleware")
 
@@ -29,20 +29,16 @@ def error_response(error: ProxyError, path: str = "") -> web.Response:
     return web.json_response(error_body(path, error), status=error.status, headers=error.headers())
 
 
-@web.middleware
-async def count_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every answer counted by route, status and what compaction did (outermost, so refusals count too)."""
+def count_request(request: web.Request, route: str, response: web.StreamResponse | None) -> None:
+    """Every answer counted by route, status and what compaction did, by the outermost layer (request_log), so
+    refusals count too; a request that raised past every layer (None) as a 500."""
     metrics = request.app.get(METRICS)
-    try:
-        response = await handler(request)
-    except BaseException:
-        if metrics is not None:
-            metrics.labelled(metrics.requests, route_of(request.path), "500", "none").inc()
-        raise
-    if metrics is not None:
-        metrics.labelled(metrics.requests, route_of(request.path), str(response.status),
-                         outcome_of(response.headers)).inc()
-    return response
+    if metrics is None:
+        return
+    if response is None:
+        metrics.labelled(metrics.requests, route, "500", "none").inc()
+    else:
+        metrics.labelled(metrics.requests, route, str(response.status), outcome_of(response.headers)).inc()
 
 
 def guard(accepted: Callable[[web.Request], Sequence[bytes]]) -> Middleware:

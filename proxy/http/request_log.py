@@ -20,6 +20,7 @@ from proxy.config import Settings
 from proxy.core.credentials import CREDENTIAL_HEADERS
 from proxy.core.fingerprint import HASH_ERRORS
 from proxy.headers import log_fields
+from proxy.http.middleware import count_request
 from proxy.http.routes import route_of
 from proxy.log_filters import redact
 from proxy.request_context import Notes
@@ -108,7 +109,8 @@ def _entry_for(request: web.Request, configured: list[bytes]) -> _Entry:
 
 
 def request_log(settings: Settings) -> Middleware:
-    """The outermost middleware: every request gets an id (refusals included) and, when it ends, one log line."""
+    """The outermost middleware: every request gets an id (refusals included) and, when it ends, one log line and
+    one count."""
     configured = _configured_keys(settings)
     enabled = settings.logging.access_log
     lines = AccessLines()
@@ -132,8 +134,10 @@ def request_log(settings: Settings) -> Middleware:
             raise
         finally:
             request_context.leave(token)
+            route = route_of(request.path)
+            count_request(request, route, response if error is None else None)
             if enabled:
-                _write(request, entry, response, error, route_of(request.path), lines)
+                _write(request, entry, response, error, route, lines)
             entry.notes.closed = True
 
     return log_request

@@ -44,10 +44,12 @@ class HeadDeadlineHandler(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         self._clients.active(self)
-        if data and self._head_timer is None and self._awaiting_head():
-            self._arm()
+        starts_a_head = bool(data) and self._head_timer is None and self._awaiting_head()
+        heads = self._request_count
         super().data_received(data)
-        if self._head_timer is not None and self._request_count != self._armed_at_request:
+        if starts_a_head and self._request_count == heads:
+            self._arm()  # the head began and is not complete: its clock runs (a head read whole needs none)
+        elif self._head_timer is not None and self._request_count != self._armed_at_request:
             self._disarm()  # the head is complete; the body has its own deadline
 
     def connection_lost(self, exc: BaseException | None) -> None:

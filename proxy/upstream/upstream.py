@@ -42,18 +42,17 @@ _URL_SAFE = bytes.maketrans(b"-_", b"+/")
 # Only encodings aiohttp decodes without optional packages, so every body the proxy sees is readable.
 ACCEPT_ENCODING = "gzip, deflate"
 _NO_USER_AGENT = ("User-Agent",)
+_MAX_URLS = 256
 
 
 def _without(headers: Mapping[str, str], dropped: frozenset[str]) -> CIMultiDict[str]:
     """`headers` less the hop-by-hop ones, those in `dropped` and those a Connection header names."""
-    # Scanning items matches names case-insensitively and sees every repeat, for any mapping type; each name is
-    # lowered once.
-    named = [(name.lower(), name, value) for name, value in headers.items()]
+    # Scanning items matches names case-insensitively and sees every repeat, for any mapping type.
     gone = dropped | HOP_BY_HOP
-    for lowered, _, value in named:
-        if lowered == "connection":
+    for name, value in headers.items():
+        if name.lower() == "connection":
             gone = gone | {token.strip().lower() for token in value.split(",")}
-    return CIMultiDict([(name, value) for lowered, name, value in named if lowered not in gone])
+    return CIMultiDict([(name, value) for name, value in headers.items() if name.lower() not in gone])
 
 
 def _carries_one_of(header: str, keys: Collection[bytes]) -> bool:
@@ -145,14 +144,23 @@ class Upstream:
         self.config = config
         self._api_key = config.api_key.get_secret_value() if config.api_key else None
         self._withheld = config.withheld_keys  # read out of their secrets once, not on every request
+        self._urls: dict[str, URL] = {}
         # `connect` bounds getting a connection: queueing for a free one in a saturated pool, then connecting.
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=config.pool_timeout + config.connect_timeout, sock_connect=config.connect_timeout,
             sock_read=config.idle_timeout)
 
     def url_for(self, path: str, query: str = "") -> URL:
-        text = self.config.base_url + path + (f"?{query}" if query else "")
-        return URL(text, encoded=True)
+        if not query and (url := self._urls.get(path)) is not None:
+            return url
+        url = URL(self.config.base_url + path + (f"?{query}" if query else ""), encoded=True)
+        if not query:
+            # The API's few paths, built once (yarl parses each); a client's own paths are many: the cache is
+            # bounded, and starts over when full.
+            if len(self._urls) >= _MAX_URLS:
+                self._urls.clear()
+            self._urls[path] = url
+        return url
 
     def translate(self, error: BaseException, stage: str) -> ProxyError:
         """The one place where a transport failure becomes a proxy error (and is counted)."""

@@ -76,6 +76,20 @@ async def test_a_trickling_header_is_closed_after_header_timeout(make_proxy: Pro
     assert took < 1.5, took
 
 
+async def test_half_a_second_head_on_a_kept_alive_connection_is_closed_after_header_timeout(
+        make_proxy: ProxyFactory) -> None:
+    """The first head came whole (no clock needed for it); the next one's clock starts at its first byte."""
+    proxy = await make_proxy({"server": {"header_timeout": 0.5, "keepalive_timeout": 30}})
+    async with connection(proxy.host, proxy.port) as (reader, writer):
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
+        await reader.readexactly(length)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        received, took = await closed_after(reader, 5)
+    assert received == b"" and 0.4 < took < 1.5, took
+
+
 async def test_an_idle_keep_alive_connection_is_closed_after_keepalive_timeout(make_proxy: ProxyFactory) -> None:
     proxy = await make_proxy({"server": {"header_timeout": 0.3, "keepalive_timeout": 1.2}})
     request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
