@@ -31,17 +31,29 @@ from proxy.core.tokens import TokenCounter
 from proxy.offload import LARGE
 
 DEFAULT_ENTRIES = 100_000  # messages remembered; about 0.4 KB each whatever the message's size
+# Conversations whose last read is kept, so the next is read from where it grew (about 16 KB each at 400 messages).
+MAX_LINEAGES = 64
 _SORTED_DUMPS = functools.partial(orjson.dumps, option=orjson.OPT_SORT_KEYS)
 _TOKENS, _BEFORE, _AFTER, _AFTER_HEX = (operator.itemgetter(field) for field in (1, 2, 3, 4))
 
 
 @dataclass(frozen=True, slots=True)
 class History:
-    """One request's messages as the index read them."""
+    """One request's messages as the index read them. Its lists are also the index's memory of the read (the
+    next read of the conversation starts from them): read them, never change them."""
 
     chain: list[str]  # equal to proxy.fingerprint.hash_chain(messages, namespace)
     tokens: list[int]  # equal to TokenCounter.count_message of each message
     new: int  # distinct messages that were not in the index
+
+
+@dataclass(frozen=True, slots=True)
+class _LastRead:
+    """A conversation's last read: its keys, what they read as, and the chain's state after the last message."""
+
+    keys: list[int]
+    history: History
+    state: bytes
 
 
 # One message: (digest, tokens, state before, state after, state after as hex) -- the last link of the chain
@@ -64,6 +76,8 @@ class HistoryIndex:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._max_entries = max_entries
         self._roots: dict[str, bytes] = {}
+        # By (namespace, first key, second key): conversations that open alike share a slot, and take turns.
+        self._lineages: OrderedDict[tuple[str, int, int], _LastRead] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -71,18 +85,60 @@ class HistoryIndex:
     def read(self, messages: Sequence[Any], namespace: str, keys: Sequence[int] | None = None) -> History:
         """The history's chain and token counts, computing only what the index does not hold. `keys`, one per
         message, are the hashes of bytes that encode each exactly (see above); None: computed here."""
-        keys, found, missing = self._look_up(messages, keys)
-        return self._finish(namespace, keys, found, self._entries_for(messages, missing))
+        last, shared, start = self._grown_from(namespace, keys)
+        keys, found, missing = self._look_up(messages[shared:], keys[shared:] if keys is not None else None)
+        return self._finished(namespace, last, start, keys, found, self._entries_for(messages[shared:], missing))
 
     async def read_off_loop(self, messages: Sequence[Any], namespace: str,
                             keys: Sequence[int] | None = None) -> History:
         """As read(), with the work on new messages in a thread when it is large enough to pay for the hand-off."""
-        keys, found, missing = self._look_up(messages, keys)
+        last, shared, start = self._grown_from(namespace, keys)
+        rest = messages[shared:]
+        keys, found, missing = self._look_up(rest, keys[shared:] if keys is not None else None)
         if sum(len(canonical) for _, canonical in missing.values()) <= LARGE:
-            fresh = self._entries_for(messages, missing)
+            fresh = self._entries_for(rest, missing)
         else:
-            fresh = await asyncio.to_thread(self._entries_for, messages, missing)
-        return self._finish(namespace, keys, found, fresh)
+            fresh = await asyncio.to_thread(self._entries_for, rest, missing)
+        return self._finished(namespace, last, start, keys, found, fresh)
+
+    def _grown_from(self, namespace: str, keys: Sequence[int] | None) -> tuple[_LastRead | None, int, bytes | None]:
+        """The conversation's last read cut to the keys these start with (a history resent with more, or with its
+        last messages changed), how many that is, and the chain's state after them; (None, 0, None) without one.
+
+        The shared messages' chain links and counts are what they were: both depend on those messages alone (and
+        the namespace). Their entries are still marked used, one pass at C speed, or the index would drop the
+        entries of its busiest conversations first; one that was dropped sends the read the whole way."""
+        if keys is None or len(keys) < 2:
+            return None, 0, None
+        last = self._lineages.get((namespace, keys[0], keys[1]))
+        if last is None:
+            return None, 0, None
+        shared = _common_prefix(last.keys, keys)
+        if shared < 2:
+            return None, 0, None
+        if shared < len(last.keys):
+            history = History(last.history.chain[:shared], last.history.tokens[:shared], 0)
+            last = _LastRead(last.keys[:shared], history, bytes.fromhex(history.chain[-1]))
+        try:
+            deque(map(self._entries.move_to_end, last.keys), maxlen=0)
+        except KeyError:
+            return None, 0, None
+        return last, shared, last.state
+
+    def _finished(self, namespace: str, last: _LastRead | None, start: bytes | None, keys: list[int],
+                  found: list[_Entry | None], fresh: dict[int, _Entry]) -> History:
+        """The read finished (from where `last` left off, if any), and remembered as its conversation's last."""
+        history, state = self._finish(namespace, keys, found, fresh, start)
+        if last is not None:
+            keys = last.keys + keys
+            history = History(last.history.chain + history.chain, last.history.tokens + history.tokens, history.new)
+        if len(keys) >= 2:
+            lineage = (namespace, keys[0], keys[1])
+            self._lineages[lineage] = _LastRead(keys, history, state)
+            self._lineages.move_to_end(lineage)
+            if len(self._lineages) > MAX_LINEAGES:
+                self._lineages.popitem(last=False)
+        return history
 
     def _look_up(self, messages: Sequence[Any], given: Sequence[int] | None) \
             -> tuple[list[int], list[_Entry | None], dict[int, tuple[int, bytes]]]:
@@ -109,15 +165,17 @@ class HistoryIndex:
                       b"", b"", "")
                 for key, (index, canonical) in missing.items()}
 
-    def _finish(self, namespace: str, keys: list[int], found: list[_Entry | None],
-                fresh: dict[int, _Entry]) -> History:
+    def _finish(self, namespace: str, keys: list[int], found: list[_Entry | None], fresh: dict[int, _Entry],
+                start: bytes | None = None) -> tuple[History, bytes]:
+        """The chain through these messages from `start` (the namespace's root when None), and its state after
+        them."""
         entries = self._entries
         for key, entry in fresh.items():
             entries.setdefault(key, entry)  # another read may have added it while this one was in a thread
         # Nothing fresh: every message was found (the two go together, see _look_up).
         known = cast(list[_Entry], found) if not fresh else \
             [entry if entry is not None else entries[key] for key, entry in zip(keys, found, strict=True)]
-        root = self._root(namespace)
+        root = self._root(namespace) if start is None else start
         # The links already stored, as far as they run unbroken from the root: on a history resent whole, all of
         # them. Read at C speed; the loop below is for what is new or was linked through another history.
         linked = _linked(known, root)
@@ -144,7 +202,7 @@ class HistoryIndex:
             state = after
         while len(entries) > self._max_entries:
             entries.popitem(last=False)
-        return History(chain, list(map(_TOKENS, known)), len(fresh))
+        return History(chain, list(map(_TOKENS, known)), len(fresh)), state
 
     def _root(self, namespace: str) -> bytes:
         root = self._roots.get(namespace)
@@ -166,6 +224,14 @@ def _linked(known: list[_Entry], root: bytes) -> int:
     if befores == afters:
         return len(known)
     return list(map(operator.eq, befores, afters)).index(False) + 1
+
+
+def _common_prefix(first: list[int], second: Sequence[int]) -> int:
+    """How many keys the two lists open with alike, compared at C speed."""
+    length = min(len(first), len(second))
+    if first[:length] == list(second[:length]):
+        return length
+    return list(map(operator.eq, first, second)).index(False)
 
 
 def _canonical(messages: Sequence[Any]) -> list[bytes]:

@@ -176,3 +176,82 @@ def test_a_history_resent_after_another_linked_its_messages_otherwise_is_linked_
         assert (read.chain, read.tokens) == reference(history, "ns")
     index.read([{"role": "user", "content": "newest"}], "ns")  # one more than room: the oldest used goes
     assert index.read(first, "ns").new == 0 and index.read(other, "ns").new == 1
+
+
+class CountingCounter(TokenCounter):
+    """Counts how many messages were counted: a read from where a history grew counts only its new ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counted = 0
+
+    def count_message(self, message: Any) -> int:
+        self.counted += 1
+        return super().count_message(message)
+
+
+@pytest.mark.parametrize(("grown_by", "replaced", "looked_up"), [(0, 0, 0), (1, 0, 1), (4, 0, 4), (0, 1, 1), (1, 2, 3)])
+def test_a_history_resent_with_more_is_read_from_where_it_grew(grown_by: int, replaced: int, looked_up: int) -> None:
+    """Grown by some messages, or with its last ones replaced (a new question each time, the history kept): only
+    the messages after the part it shares with the last read are looked up and counted."""
+    counter = CountingCounter()
+    index = HistoryIndex(counter)
+    history = [{"role": "system", "content": "be brief"}, *[message for n in range(20) for message in turn(n)]]
+    index.read(history, "ns", spelled_keys(history))
+    counter.counted = 0
+    seen: list[int] = []
+    look_up = index._look_up
+    index._look_up = lambda messages, keys: (seen.append(len(messages)), look_up(messages, keys))[1]  # type: ignore[method-assign]
+    kept = history[:len(history) - replaced]
+    grown = [*kept, *[{"role": "user", "content": f"new {n}"} for n in range(grown_by + replaced)]]
+    read = index.read(grown, "ns", spelled_keys(grown))
+    assert (read.chain, read.tokens) == reference(grown, "ns")
+    assert read.new == counter.counted == looked_up
+    assert seen == [looked_up]
+    assert index._lineages[("ns", *spelled_keys(grown)[:2])].keys == spelled_keys(grown)
+
+
+@pytest.mark.parametrize("change", ["last message edited", "a message dropped", "another namespace",
+                                    "an entry dropped", "opening alike"])
+def test_what_did_not_simply_grow_from_the_last_read_reads_right(change: str) -> None:
+    index = HistoryIndex(COUNTER, max_entries=100_000)
+    history = [{"role": "system", "content": "be brief"}, *[message for n in range(10) for message in turn(n)]]
+    index.read(history, "ns", spelled_keys(history))
+    namespace, other = "ns", list(history)
+    if change == "last message edited":
+        other[-1] = {"role": "assistant", "content": "a different answer"}
+    elif change == "a message dropped":
+        del other[3]
+    elif change == "another namespace":
+        namespace = "ns-2"
+    elif change == "an entry dropped":
+        index._entries.pop(spelled_keys(history)[5])  # as the least recently used would be
+        other += turn(50)
+    else:  # another conversation with the same first two messages takes the slot, then the first comes back
+        index.read([*history[:2], *turn(70)], "ns", spelled_keys([*history[:2], *turn(70)]))
+        other += turn(51)
+    read = index.read(other, namespace, spelled_keys(other))
+    assert (read.chain, read.tokens) == reference(other, namespace)
+
+
+def test_reads_from_where_they_grew_keep_their_messages_in_use() -> None:
+    """The shared messages are marked used on each such read: another conversation's messages go first."""
+    index = HistoryIndex(COUNTER, max_entries=40)
+    kept = [{"role": "system", "content": "be brief"}, *turn(0)]
+    index.read(kept, "ns", spelled_keys(kept))
+    for number in range(1, 12):
+        other = [{"role": "system", "content": f"other {number}"}, *turn(1000 + number)]
+        index.read(other, "ns", spelled_keys(other))  # fills the index
+        kept = [*kept, *turn(number)]
+        index.read(kept, "ns", spelled_keys(kept))
+    assert all(key in index._entries for key in spelled_keys(kept))
+
+
+async def test_concurrent_reads_of_one_growing_conversation_each_get_their_own_chain() -> None:
+    index = HistoryIndex(COUNTER)
+    base = [{"role": "system", "content": "be brief"}, *turn(0, size=LARGE // 20)]  # large: read in a thread
+    await index.read_off_loop(base, "ns", spelled_keys(base))
+    growths = [[*base, *turn(n, size=LARGE // 20)] for n in range(1, 6)]
+    reads = await asyncio.gather(*(index.read_off_loop(grown, "ns", spelled_keys(grown)) for grown in growths))
+    for grown, read in zip(growths, reads, strict=True):
+        assert (read.chain, read.tokens) == reference(grown, "ns")
