@@ -29,14 +29,9 @@ class JsonLines(logging.Formatter):
         self._worker = worker
 
     def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
         fields = getattr(record, FIELDS_ATTRIBUTE, None)
-        line = self._opening(record.created, record.levelname, record.name)
-        event = fields if isinstance(fields, dict) else _event(message)
-        if event is None:
-            line["message"] = message
-        else:
-            _add_event(line, event)
+        line = self._line(record.created, record.levelname, record.name, record.getMessage(),
+                          fields if isinstance(fields, dict) else None)
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
@@ -47,25 +42,22 @@ class JsonLines(logging.Formatter):
 
     def event_line(self, created: float, level: str, name: str, message: str, fields: dict[str, Any] | None) -> str:
         """What format() makes of a record of an event (the access log's), without the record."""
-        line = self._opening(created, level, name)
-        event = fields if fields is not None else _event(message)
-        if event is None:
-            line["message"] = message
-        else:
-            _add_event(line, event)
-        return _dumped(line)
+        return _dumped(self._line(created, level, name, message, fields))
 
-    def _opening(self, created: float, level: str, name: str) -> dict[str, Any]:
+    def _line(self, created: float, level: str, name: str, message: str,
+              fields: dict[str, Any] | None) -> dict[str, Any]:
+        """The line's opening, then the event's fields (`fields`, or the message read as one) or `message`."""
         line: dict[str, Any] = {
             "time": datetime.datetime.fromtimestamp(created, datetime.UTC).isoformat(timespec="milliseconds"),
             "level": level, "logger": name}
         if self._worker is not None:
             line["worker"] = self._worker
+        event = fields if fields is not None else _event(message)
+        if event is None:
+            line["message"] = message
+        else:
+            line.update({f"event_{key}" if key in _BASE else key: value for key, value in event.items()})
         return line
-
-
-def _add_event(line: dict[str, Any], event: dict[str, Any]) -> None:
-    line.update({f"event_{key}" if key in _BASE else key: value for key, value in event.items()})
 
 
 def _dumped(line: dict[str, Any]) -> str:

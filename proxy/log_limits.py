@@ -54,26 +54,21 @@ class RepeatLimiter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, _SUMMARY_ATTRIBUTE, False):
             return True
-        if record.levelno < self._level and not self._windows:
-            return True  # nothing is limited below the level, and no interval is open to close (one line per request)
+        self.release_expired()
+        if bool(getattr(record, EXEMPT_ATTRIBUTE, False)) or record.levelno < self._level:
+            return True  # nothing is limited below the level (one line per request)
         with self._lock:
-            now = self._clock()
-            summaries = self._expire(now)
-            allowed = (bool(getattr(record, EXEMPT_ATTRIBUTE, False)) or record.levelno < self._level
-                       or self._admit(_key(record), record, now))
-        for summary in summaries:
-            self._handler.handle(summary)  # outside the lock: the summary passes this filter again
-        return allowed
+            return self._admit(_key(record), record, self._clock())
 
     def release_expired(self) -> None:
-        """What filter() does before any record: report the intervals that are over. For lines written past the
-        handler's filters (proxy.access_lines), which would otherwise hold a summary back until the next record."""
+        """Report the intervals that are over, before any record (filter() calls it; so do lines written past the
+        handler's filters, proxy.access_lines, which would otherwise hold a summary back until the next record)."""
         if not self._windows:
             return
         with self._lock:
             summaries = self._expire(self._clock())
         for summary in summaries:
-            self._handler.handle(summary)
+            self._handler.handle(summary)  # outside the lock: the summary passes this filter again
 
     def flush(self) -> None:
         """Report every count still pending, whatever its interval (at shutdown)."""

@@ -85,53 +85,55 @@ class HistoryIndex:
     def read(self, messages: Sequence[Any], namespace: str, keys: Sequence[int] | None = None) -> History:
         """The history's chain and token counts, computing only what the index does not hold. `keys`, one per
         message, are the hashes of bytes that encode each exactly (see above); None: computed here."""
-        last, shared, start = self._grown_from(namespace, keys)
+        last, shared = self._grown_from(namespace, keys)
         keys, found, missing = self._look_up(messages[shared:], keys[shared:] if keys is not None else None)
-        return self._finished(namespace, last, start, keys, found, self._entries_for(messages[shared:], missing))
+        return self._finished(namespace, last, shared, keys, found, self._entries_for(messages[shared:], missing))
 
     async def read_off_loop(self, messages: Sequence[Any], namespace: str,
                             keys: Sequence[int] | None = None) -> History:
         """As read(), with the work on new messages in a thread when it is large enough to pay for the hand-off."""
-        last, shared, start = self._grown_from(namespace, keys)
+        last, shared = self._grown_from(namespace, keys)
         rest = messages[shared:]
         keys, found, missing = self._look_up(rest, keys[shared:] if keys is not None else None)
         if sum(len(canonical) for _, canonical in missing.values()) <= LARGE:
             fresh = self._entries_for(rest, missing)
         else:
             fresh = await asyncio.to_thread(self._entries_for, rest, missing)
-        return self._finished(namespace, last, start, keys, found, fresh)
+        return self._finished(namespace, last, shared, keys, found, fresh)
 
-    def _grown_from(self, namespace: str, keys: Sequence[int] | None) -> tuple[_LastRead | None, int, bytes | None]:
-        """The conversation's last read cut to the keys these start with (a history resent with more, or with its
-        last messages changed), how many that is, and the chain's state after them; (None, 0, None) without one.
+    def _grown_from(self, namespace: str, keys: Sequence[int] | None) -> tuple[_LastRead | None, int]:
+        """The conversation's last read, and how many keys these open with alike (a history resent with more, or
+        with its last messages changed); (None, 0) without one.
 
         The shared messages' chain links and counts are what they were: both depend on those messages alone (and
         the namespace). Their entries are still marked used, one pass at C speed, or the index would drop the
         entries of its busiest conversations first; one that was dropped sends the read the whole way."""
         if keys is None or len(keys) < 2:
-            return None, 0, None
+            return None, 0
         last = self._lineages.get((namespace, keys[0], keys[1]))
         if last is None:
-            return None, 0, None
-        shared = _common_prefix(last.keys, keys)
+            return None, 0
+        shared = _common_prefix(last.keys, keys if isinstance(keys, list) else list(keys))
         if shared < 2:
-            return None, 0, None
-        if shared < len(last.keys):
-            history = History(last.history.chain[:shared], last.history.tokens[:shared], 0)
-            last = _LastRead(last.keys[:shared], history, bytes.fromhex(history.chain[-1]))
+            return None, 0
         try:
-            deque(map(self._entries.move_to_end, last.keys), maxlen=0)
+            deque(map(self._entries.move_to_end, last.keys[:shared]), maxlen=0)
         except KeyError:
-            return None, 0, None
-        return last, shared, last.state
+            return None, 0
+        return last, shared
 
-    def _finished(self, namespace: str, last: _LastRead | None, start: bytes | None, keys: list[int],
+    def _finished(self, namespace: str, last: _LastRead | None, shared: int, keys: list[int],
                   found: list[_Entry | None], fresh: dict[int, _Entry]) -> History:
-        """The read finished (from where `last` left off, if any), and remembered as its conversation's last."""
-        history, state = self._finish(namespace, keys, found, fresh, start)
-        if last is not None:
-            keys = last.keys + keys
-            history = History(last.history.chain + history.chain, last.history.tokens + history.tokens, history.new)
+        """The read finished (from the first `shared` messages of `last`, if any), and remembered as its
+        conversation's last."""
+        if last is None:
+            history, state = self._finish(namespace, keys, found, fresh)
+        else:
+            chain = last.history.chain[:shared]
+            start = last.state if shared == len(last.keys) else bytes.fromhex(chain[-1])
+            history, state = self._finish(namespace, keys, found, fresh, start)
+            keys = last.keys[:shared] + keys
+            history = History(chain + history.chain, last.history.tokens[:shared] + history.tokens, history.new)
         if len(keys) >= 2:
             lineage = (namespace, keys[0], keys[1])
             self._lineages[lineage] = _LastRead(keys, history, state)
@@ -221,17 +223,15 @@ def _linked(known: list[_Entry], root: bytes) -> int:
         return 0
     befores, afters = list(map(_BEFORE, known)), list(map(_AFTER, known))
     del befores[0], afters[-1]  # entry i + 1's state before against entry i's after
-    if befores == afters:
-        return len(known)
-    return list(map(operator.eq, befores, afters)).index(False) + 1
+    return _common_prefix(befores, afters) + 1
 
 
-def _common_prefix(first: list[int], second: Sequence[int]) -> int:
-    """How many keys the two lists open with alike, compared at C speed."""
+def _common_prefix(first: list[Any], second: list[Any]) -> int:
+    """How many items the two lists open with alike, compared at C speed (and whole, not copied, when they are
+    as long as each other)."""
     length = min(len(first), len(second))
-    if first[:length] == list(second[:length]):
-        return length
-    return list(map(operator.eq, first, second)).index(False)
+    alike = first == second if len(first) == len(second) else first[:length] == second[:length]
+    return length if alike else list(map(operator.eq, first, second)).index(False)
 
 
 def _canonical(messages: Sequence[Any]) -> list[bytes]:
