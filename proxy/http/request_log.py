@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import os
@@ -134,13 +135,39 @@ def request_log(settings: Settings) -> Middleware:
             raise
         finally:
             request_context.leave(token)
-            route = route_of(request.path)
-            count_request(request, route, response if error is None else None)
-            if enabled:
-                _write(request, entry, response, error, route, lines)
             entry.notes.closed = True
+            # The count and the line once the answer is out (aiohttp sends a whole body after this returns, in
+            # the same step of the request's task): the client does not wait for the proxy's bookkeeping. What
+            # the sending changes (the response prepared) is read now.
+            ended = _Ended(response if error is None else None, _started(entry, response), time.perf_counter())
+            asyncio.get_running_loop().call_soon(_after, request, entry, ended, error, enabled, lines)
 
     return log_request
+
+
+@dataclass(slots=True)
+class _Ended:
+    """A request's end as its handler left it."""
+
+    returned: web.StreamResponse | None  # None for a request that raised
+    # The response whose headers went out while the handler ran (a stream; an error after it): the truth, as a
+    # cut stream's returned response is a stand-in. A whole body's goes out after.
+    started: web.StreamResponse | None
+    at: float
+
+
+def _started(entry: _Entry, response: web.StreamResponse | None) -> web.StreamResponse | None:
+    if entry.prepared is not None:
+        return entry.prepared
+    return response if response is not None and response.prepared else None
+
+
+def _after(request: web.Request, entry: _Entry, ended: _Ended, error: BaseException | None, enabled: bool,
+           lines: AccessLines) -> None:
+    route = route_of(request.path)
+    count_request(request, route, ended.returned)
+    if enabled:
+        _write(request, entry, ended, error, route, lines)
 
 
 async def on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
@@ -167,10 +194,10 @@ def stamp(entry: _Entry, response: web.StreamResponse) -> None:
     headers[REQUEST_ID_HEADER] = entry.request_id
 
 
-def _write(request: web.Request, entry: _Entry, returned: web.StreamResponse | None, error: BaseException | None,
-           route: str, lines: AccessLines) -> None:
+def _write(request: web.Request, entry: _Entry, ended: _Ended, error: BaseException | None, route: str,
+           lines: AccessLines) -> None:
     try:
-        line = _line(request, entry, returned, error, route)
+        line = _line(request, entry, ended, error, route)
     except Exception:  # the log line must never cost the client its answer
         logging.getLogger("proxy.request_log").warning("could not build the access log line", exc_info=True)
         return
@@ -180,11 +207,10 @@ def _write(request: web.Request, entry: _Entry, returned: web.StreamResponse | N
     lines.write(level, line)
 
 
-def _line(request: web.Request, entry: _Entry, returned: web.StreamResponse | None, error: BaseException | None,
+def _line(request: web.Request, entry: _Entry, ended: _Ended, error: BaseException | None,
           route: str) -> dict[str, Any]:
     """The log line's fields: counts, labels and ids only; never a body, a query string or another header."""
-    # The response whose headers went out is the truth: after a stream is cut, the one returned is a stand-in.
-    response = entry.prepared if entry.prepared is not None else returned
+    response = ended.started if ended.started is not None else ended.returned
     line: dict[str, Any] = {"event": "request", "request_id": entry.request_id}
     if entry.source != "client":
         line["request_id_source"] = entry.source
@@ -196,10 +222,10 @@ def _line(request: web.Request, entry: _Entry, returned: web.StreamResponse | No
         line["status"] = response.status
     else:
         line["status"] = CLIENT_CLOSED if _cancelled(error) else 500
-    line["duration_ms"] = round((time.perf_counter() - entry.started) * 1000, 1)
+    line["duration_ms"] = round((ended.at - entry.started) * 1000, 1)
     if response is not None:
         line["stream"] = _is_stream(response)
-        size = _bytes(request, response)
+        size = _bytes(request, response, started=ended.started is not None)
         if size is not None:
             line["bytes"] = size
         if route == "chat":
@@ -212,7 +238,7 @@ def _line(request: web.Request, entry: _Entry, returned: web.StreamResponse | No
         line["upstream_request_id"] = entry.upstream_request_id
     if error is not None:
         line["error"] = type(error).__name__
-    if _cancelled(error) or (entry.prepared is not None and _connection_closed(request)):
+    if _cancelled(error) or (ended.started is not None and _connection_closed(request)):
         # The client left, or the proxy had to cut a started stream: the answer did not reach its end.
         line["aborted"] = True
     return line
@@ -234,9 +260,9 @@ def _connection_closed(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
-def _bytes(request: web.Request, response: web.StreamResponse) -> int | None:
+def _bytes(request: web.Request, response: web.StreamResponse, *, started: bool) -> int | None:
     """A whole body's length; for a response already under way, what was written for it (framing included)."""
-    if response.prepared:
+    if started:
         return request.writer.output_size if request.writer is not None else None
     body = response.body if isinstance(response, web.Response) else None
     return len(body) if isinstance(body, bytes | bytearray) else None

@@ -7,11 +7,13 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from proxy.http.request_log import CLIENT_CLOSED, on_response_prepare, request_log, sane_request_id
 from proxy.request_context import annotate, current_request_id
@@ -271,7 +273,6 @@ async def test_probes_log_at_debug(proxy: Any, caplog: pytest.LogCaptureFixture,
 @pytest.fixture
 async def context_app() -> AsyncIterator[str]:
     """A bare app with only the request-log middleware: handlers report what current_request_id() says."""
-    from proxy.config import Settings
 
     async def handler(request: web.Request) -> web.Response:
         seen = [current_request_id()]
@@ -284,17 +285,29 @@ async def context_app() -> AsyncIterator[str]:
         await asyncio.sleep(30)  # cancelled when the client leaves
         return web.Response()
 
+    async with logged_app({"/context": handler, "/slow": disconnect}) as url:
+        yield url
+
+
+@asynccontextmanager
+async def logged_app(routes: dict[str, Handler], *on_prepare: Any) -> AsyncIterator[str]:
+    """A bare app with only the request-log middleware (and its signal, then `on_prepare`), serving GET `routes`."""
+    from proxy.config import Settings
+
     app = web.Application(middlewares=[request_log(Settings())])
     app.on_response_prepare.append(on_response_prepare)
-    app.router.add_get("/context", handler)
-    app.router.add_get("/slow", disconnect)
+    app.on_response_prepare.extend(on_prepare)
+    for path, handler in routes.items():
+        app.router.add_get(path, handler)
     # As start_server runs the proxy: a client that leaves cancels its handler.
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 async def test_the_current_id_is_isolated_per_request(context_app: str, lines: list[dict[str, Any]]) -> None:
@@ -323,6 +336,62 @@ async def test_a_client_gone_before_the_answer_is_logged(context_app: str, lines
     line = only(lines, request_id="gone")
     assert line["status"] == CLIENT_CLOSED and line["aborted"] is True and line["error"] == "CancelledError"
     assert line["duration_ms"] >= 250
+
+
+@pytest.fixture
+async def ordered_app() -> AsyncIterator[tuple[str, list[str]]]:
+    """A bare app with the request-log middleware, noting in one list when each response's headers go out and when
+    each access line is written."""
+    order: list[str] = []
+
+    async def whole(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: 1\n\n")
+        await response.write_eof()
+        return response
+
+    async def sent(request: web.Request, response: web.StreamResponse) -> None:
+        order.append(f"sent {request.path}")
+
+    class Note(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            order.append(f"line {json.loads(record.getMessage())['status']}")
+
+    note = Note(logging.DEBUG)
+    logging.getLogger("proxy.access").addHandler(note)
+    async with logged_app({"/whole": whole, "/stream": stream}, sent) as url:
+        yield url, order
+    logging.getLogger("proxy.access").removeHandler(note)
+
+
+async def test_the_line_is_written_after_a_whole_answer_went_out(ordered_app: tuple[str, list[str]],
+                                                               lines: list[dict[str, Any]]) -> None:
+    """The client's answer does not wait for the proxy's bookkeeping: a whole body is sent first, then its line."""
+    url, order = ordered_app
+    async with aiohttp.ClientSession() as session:
+        for _ in range(3):
+            async with session.get(f"{url}/whole") as response:
+                assert response.status == 200 and await response.json() == {"ok": True}
+    await wait_for_lines(lines, 3)
+    assert order == ["sent /whole", "line 200"] * 3
+    assert all(line["bytes"] == len(b'{"ok": true}') and line["stream"] is False for line in lines)
+
+
+async def test_a_stream_on_a_closing_connection_is_not_logged_as_cut(ordered_app: tuple[str, list[str]],
+                                                                    lines: list[dict[str, Any]]) -> None:
+    """aiohttp closes a `Connection: close` client's connection once the answer is sent: the line, written after,
+    still tells an answer that reached its end from one the proxy had to cut."""
+    url, order = ordered_app
+    host, port = url.removeprefix("http://").split(":")
+    answer = await raw_request(host, int(port), b"GET /stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200") and b"data: 1" in answer
+    await wait_for_lines(lines, 1)
+    assert order == ["sent /stream", "line 200"]
+    assert lines[0]["stream"] is True and "aborted" not in lines[0] and lines[0]["bytes"] > len(b"data: 1\n\n")
 
 
 async def test_compaction_log_lines_run_under_the_requests_id(fake: FakeUpstream, make_proxy: ProxyFactory,
