@@ -27,7 +27,11 @@ MAX_LEADING_SPACE = 64
 class AnswerReader(Protocol):
     """Reads a successful, buffered JSON answer of one client API (a dialect): this layer knows none of them."""
 
-    def overflow(self, payload: Any) -> bool: ...
+    def overflow(self, payload: Any) -> bool:
+        """Whether the answer is an overflow. A relayed answer is decoded for this only when its bytes may hold one
+        (overflow.answer_may_overflow, exact for overflow.overflow_in_answer): a reader that finds an overflow
+        anywhere else must widen that test too."""
+        ...
 
     def usage(self, payload: Any) -> Usage | None: ...
 

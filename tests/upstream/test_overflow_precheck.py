@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.dialects.catalog import DIALECTS
 from proxy.dialects.chat import CHAT
 from proxy.upstream.attempt import MAX_LEADING_SPACE, _judged
 from proxy.upstream.overflow import answer_may_overflow, detect_context_overflow, overflow_in_answer
@@ -47,6 +48,29 @@ def test_every_body_read_as_an_overflow_on_a_200_may_overflow(entry: dict[str, A
     assert answer_may_overflow(b"{" + body) or not detect_context_overflow(200, b"{" + body)
 
 
+# Each API's ways to end an answer that are not an overflow: a dialect reading one of them as an overflow would
+# need the byte test widened.
+ENDINGS = [
+    {"object": "chat.completion", "choices": [{**CHOICE, "finish_reason": reason}]}
+    for reason in ("stop", "length", "tool_calls", "content_filter", "function_call")
+] + [
+    {"type": "message", "role": "assistant", "content": [], "stop_reason": reason}
+    for reason in ("end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal")
+] + [
+    {"object": "response", "status": "incomplete", "incomplete_details": {"reason": reason}}
+    for reason in ("max_output_tokens", "content_filter")
+]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS, ids=[dialect.name for dialect in DIALECTS])
+@pytest.mark.parametrize("answer", ENDINGS, ids=[json.dumps(ending)[:60] for ending in ENDINGS])
+def test_no_dialect_reads_an_answer_said_clean_as_an_overflow(dialect: Any, answer: dict[str, Any]) -> None:
+    body = orjson.dumps(answer)
+    assert not answer_may_overflow(body)
+    assert not dialect.overflow(answer)
+    assert _judged(200, body, dialect, usage=False) == (False, None)
+
+
 KEYS = st.sampled_from(["error", "choices", "finish_reason", "stop_reason", "incomplete_details", "reason",
                         "response", "delta", "message", "code", "type", "content", "Error", "data"])
 WORDS = st.sampled_from(["model_context_window_exceeded", "Model_Context_Window_Exceeded", "stop", "length",
@@ -68,8 +92,10 @@ def test_no_answer_said_clean_is_an_overflow(payload: dict[str, Any], encoding: 
     if not answer_may_overflow(body):
         assert not overflow_in_answer(payload)
         assert not detect_context_overflow(200, body)
-        assert not _judged(200, body, CHAT)[0]  # decoded, as before: no overflow either
-        assert _judged(200, body, CHAT, usage=False) == (False, None)
+        for dialect in DIALECTS:  # each dialect's reader, as the relay asks it: the byte test holds for all
+            assert not dialect.overflow(payload), dialect.name
+            assert not _judged(200, body, dialect)[0]  # decoded, as before: no overflow either
+            assert _judged(200, body, dialect, usage=False) == (False, None)
 
 
 @settings(max_examples=300, deadline=None)
