@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from proxy.compaction.recorder import Recorder
 from proxy.compaction.runtime import (
@@ -24,9 +23,8 @@ from proxy.core.tokens import TokenCounter
 from proxy.dialects.catalog import ROUTES
 from proxy.http import handlers, journal_api
 from proxy.http.appkeys import METRICS, RUNTIME, SETTINGS
-from proxy.http.middleware import guard
-from proxy.http.pin import pin_runtime, pinned
-from proxy.http.request_log import on_response_prepare, request_log
+from proxy.http.middleware import edge
+from proxy.http.request_log import on_response_prepare
 from proxy.http.routes import COMPACT_PATH, COUNT_TOKENS_PATH
 from proxy.http.server_timeouts import REFUSED_BODY_LINGER, GuardedAppRunner
 from proxy.metrics import Metrics
@@ -41,14 +39,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings) -> web.Application:
     slot = RuntimeSlot()
-    # Outermost first. The request id and its log line outermost, so refusals have both; the runtime pinned
-    # before anything reads it; then the guard: paths, keys, errors, unread bodies, in that order.
-    middlewares: list[Middleware] = [
-        request_log(settings),  # and the count of every answer (proxy.http.middleware.count_request)
-        pin_runtime(slot),
-        guard(lambda request: pinned(request).proxy_keys),  # the keys of the request's runtime
-    ]
-    app = web.Application(client_max_size=settings.server.max_body_bytes, middlewares=middlewares)
+    app = web.Application(client_max_size=settings.server.max_body_bytes, middlewares=[edge(settings, slot)])
     app.on_response_prepare.append(on_response_prepare)  # the id on every response, streams included
     app[SETTINGS] = settings
     app[METRICS] = Metrics()

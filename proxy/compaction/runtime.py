@@ -102,14 +102,18 @@ class Runtime:
         self.windows = windows
         self.pipelines = pipelines  # by dialect name
         self.stages = stages
-        self.proxy_keys = tuple(key.get_secret_value().encode("utf-8", HASH_ERRORS)
-                                for key in settings.server.api_keys)
+        self.proxy_keys = self.keys_of(settings)
         # Operator keys (server.admin_keys): /readyz's details and every tenant's journal. Not proxy keys.
         self.admin_keys = tuple(key.get_secret_value().encode("utf-8", HASH_ERRORS)
                                 for key in settings.server.admin_keys)
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+
+    @staticmethod
+    def keys_of(settings: Settings) -> tuple[bytes, ...]:
+        """The proxy keys (server.api_keys) as a request's credentials are compared with them."""
+        return tuple(key.get_secret_value().encode("utf-8", HASH_ERRORS) for key in settings.server.api_keys)
 
     @property
     def in_flight(self) -> int:

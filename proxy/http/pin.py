@@ -2,39 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from proxy.compaction.runtime import Runtime, RuntimeSlot
 
 _PINNED: ContextVar[Runtime | None] = ContextVar("compaction_proxy_runtime", default=None)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def pinned(request: web.Request) -> Runtime:
-    """The runtime `request` started on (set by `pin_runtime`, in the request's own context)."""
+    """The runtime `request` started on (pinned by the middleware's `edge`, in the request's own context)."""
     runtime = _PINNED.get()
     if runtime is None:
-        raise RuntimeError(f"no runtime pinned for {request.path}: pin_runtime is not in the middleware stack")
+        raise RuntimeError(f"no runtime pinned for {request.path}: the app's middleware pins none")
     return runtime
 
 
-def pin_runtime(slot: RuntimeSlot) -> Middleware:
-    """Each request is answered by the runtime current when it arrived, start to finish (its stream included),
-    and is counted on it, so a reload never changes settings under a request nor closes what it uses."""
+def pin(slot: RuntimeSlot) -> tuple[Runtime, Token[Runtime | None]]:
+    """Pin the runtime current now to the request running in this context, start to finish (its stream included),
+    and count the request on it, so a reload never changes settings under a request nor closes what it uses.
+    Release it with `unpin`, in the same context."""
+    runtime = slot.current
+    token = _PINNED.set(runtime)
+    runtime.enter()
+    return runtime, token
 
-    @web.middleware
-    async def pin(request: web.Request, handler: Handler) -> web.StreamResponse:
-        runtime = slot.current
-        token = _PINNED.set(runtime)
-        runtime.enter()
-        try:
-            return await handler(request)
-        finally:
-            runtime.leave()
-            _PINNED.reset(token)
 
-    return pin
+def unpin(runtime: Runtime, token: Token[Runtime | None]) -> None:
+    runtime.leave()
+    _PINNED.reset(token)

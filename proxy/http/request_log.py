@@ -9,19 +9,19 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping
+from contextvars import Token
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 
 from proxy import request_context
 from proxy.access_lines import AccessLines
 from proxy.config import Settings
 from proxy.core.credentials import CREDENTIAL_HEADERS
 from proxy.core.fingerprint import HASH_ERRORS
-from proxy.headers import log_fields
-from proxy.http.middleware import count_request
+from proxy.headers import log_fields, outcome_of
+from proxy.http.appkeys import METRICS
 from proxy.http.routes import route_of
 from proxy.log_filters import redact
 from proxy.request_context import Notes
@@ -109,40 +109,36 @@ def _entry_for(request: web.Request, configured: list[bytes]) -> _Entry:
     return _Entry(Notes(new_request_id()), "replaced", started)
 
 
-def request_log(settings: Settings) -> Middleware:
-    """The outermost middleware: every request gets an id (refusals included) and, when it ends, one log line and
-    one count."""
-    configured = _configured_keys(settings)
-    enabled = settings.logging.access_log
-    lines = AccessLines()
+class RequestLog:
+    """Every request gets an id (refusals included) and, once its answer is out, one count and one log line: `begin`
+    as the request enters the middleware (proxy.http.middleware.edge), `end` as it leaves."""
 
-    @web.middleware
-    async def log_request(request: web.Request, handler: Handler) -> web.StreamResponse:
-        entry = _entry_for(request, configured)
+    def __init__(self, settings: Settings) -> None:
+        self._configured = _configured_keys(settings)
+        self._enabled = settings.logging.access_log
+        self._lines = AccessLines()
+
+    def begin(self, request: web.Request) -> tuple[_Entry, Token[Notes | None]]:
+        """The request's id and notes, current in its context until `end`."""
+        entry = _entry_for(request, self._configured)
         request[_ENTRY] = entry
-        token = request_context.enter(entry.notes)
-        response: web.StreamResponse | None = None
-        error: BaseException | None = None
-        try:
-            response = await handler(request)
-            if not response.prepared:
-                # A whole body is sent after this returns; its headers are final now, so stamp them here, where
-                # the line below still sees the upstream's id (on_response_prepare would stamp it again, idly).
-                stamp(entry, response)
-            return response
-        except BaseException as caught:  # cancellation too: a client that left still gets its line
-            error = caught
-            raise
-        finally:
-            request_context.leave(token)
-            entry.notes.closed = True
-            # The count and the line once the answer is out (aiohttp sends a whole body after this returns, in
-            # the same step of the request's task): the client does not wait for the proxy's bookkeeping. What
-            # the sending changes (the response prepared) is read now.
-            ended = _Ended(response if error is None else None, _started(entry, response), time.perf_counter())
-            asyncio.get_running_loop().call_soon(_after, request, entry, ended, error, enabled, lines)
+        return entry, request_context.enter(entry.notes)
 
-    return log_request
+    def end(self, request: web.Request, begun: tuple[_Entry, Token[Notes | None]],
+            response: web.StreamResponse | None, error: BaseException | None) -> None:
+        """The request leaves with `response` or `error` (cancellation too: a client that left still gets its line)."""
+        entry, token = begun
+        request_context.leave(token)
+        entry.notes.closed = True
+        if error is None and response is not None and not response.prepared:
+            # A whole body is sent after this returns; its headers are final now, so stamp them here, where the
+            # line still sees the upstream's id (on_response_prepare would stamp it again, idly).
+            stamp(entry, response)
+        # The count and the line once the answer is out (aiohttp sends a whole body after the middleware returns,
+        # in the same step of the request's task): the client does not wait for the proxy's bookkeeping. What the
+        # sending changes (the response prepared) is read now.
+        ended = _Ended(response if error is None else None, _started(entry, response), time.perf_counter())
+        asyncio.get_running_loop().call_soon(_after, request, entry, ended, error, self._enabled, self._lines)
 
 
 @dataclass(slots=True)
@@ -160,6 +156,18 @@ def _started(entry: _Entry, response: web.StreamResponse | None) -> web.StreamRe
     if entry.prepared is not None:
         return entry.prepared
     return response if response is not None and response.prepared else None
+
+
+def count_request(request: web.Request, route: str, response: web.StreamResponse | None) -> None:
+    """Every answer counted by route, status and what compaction did, refusals too; a request that raised past the
+    middleware (None) as a 500."""
+    metrics = request.app.get(METRICS)
+    if metrics is None:
+        return
+    if response is None:
+        metrics.labelled(metrics.requests, route, "500", "none").inc()
+    else:
+        metrics.labelled(metrics.requests, route, str(response.status), outcome_of(response.headers)).inc()
 
 
 def _after(request: web.Request, entry: _Entry, ended: _Ended, error: BaseException | None, enabled: bool,

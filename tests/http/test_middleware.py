@@ -12,8 +12,9 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
+from proxy.config import Settings
 from proxy.errors import BadRequest
-from proxy.http.middleware import guard
+from proxy.http.middleware import edge
 from proxy.http.request_body import read_bounded
 from tests.fakes.serving import serve_app
 
@@ -37,7 +38,8 @@ def app_with(keys: list[bytes], ran: list[str]) -> web.Application:
             raise ValueError("after the start")
         return web.json_response({"ok": True})
 
-    app = web.Application(middlewares=[guard(lambda request: keys)])
+    settings = Settings.model_validate({"server": {"api_keys": [key.decode() for key in keys]}})
+    app = web.Application(middlewares=[edge(settings)])
     app.router.add_route("*", "/v1/{action}", handler)
     app.router.add_get("/healthz", handler)
     return app

@@ -15,7 +15,8 @@ from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.app import RunningServer
-from proxy.http.middleware import guard
+from proxy.config import Settings
+from proxy.http.middleware import edge
 from proxy.http.relay import deliver
 from proxy.upstream.answer import Answer
 from proxy.upstream.upstream import response_headers
@@ -147,7 +148,7 @@ def relay_app(fake: FakeUpstream, *, chunk_filter: ChunkFilter | None = None,
             await after(request, response)
         return response
 
-    app = web.Application(middlewares=[guard(lambda request: ())])
+    app = web.Application(middlewares=[edge(Settings())])
     app.router.add_post("/relay", handler)
     app.router.add_post("/v1/chat/completions", handler)
     app.router.add_get("/ok", ok)
@@ -276,7 +277,7 @@ async def test_middleware_never_builds_an_error_after_bytes_went_out(
         await response.write(b"data: {}\n\n")
         raise RuntimeError("late bug")
 
-    app = web.Application(middlewares=[guard(lambda request: ())])
+    app = web.Application(middlewares=[edge(Settings())])
     app.router.add_post("/half", half_written)
     app.router.add_get("/ok", ok)
     url = await serve(app)
@@ -296,7 +297,7 @@ async def test_error_before_start_is_still_openai_shaped(
     async def broken(request: web.Request) -> web.StreamResponse:
         raise RuntimeError("early bug")
 
-    app = web.Application(middlewares=[guard(lambda request: ())])
+    app = web.Application(middlewares=[edge(Settings())])
     app.router.add_post("/broken", broken)
     url = await serve(app)
     async with aiohttp.ClientSession() as session, session.post(f"{url}/broken") as response:

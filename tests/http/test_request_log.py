@@ -15,7 +15,9 @@ import pytest
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from proxy.http.request_log import CLIENT_CLOSED, on_response_prepare, request_log, sane_request_id
+from proxy.config import Settings
+from proxy.http.middleware import edge
+from proxy.http.request_log import CLIENT_CLOSED, on_response_prepare, sane_request_id
 from proxy.request_context import annotate, current_request_id
 from tests.conftest import ProxyFactory
 from tests.e2e.test_compaction_e2e import big_history, compaction_config
@@ -272,7 +274,7 @@ async def test_probes_log_at_debug(proxy: Any, caplog: pytest.LogCaptureFixture,
 
 @pytest.fixture
 async def context_app() -> AsyncIterator[str]:
-    """A bare app with only the request-log middleware: handlers report what current_request_id() says."""
+    """A bare app with the proxy's middleware and no runtime: handlers report what current_request_id() says."""
 
     async def handler(request: web.Request) -> web.Response:
         seen = [current_request_id()]
@@ -291,10 +293,9 @@ async def context_app() -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def logged_app(routes: dict[str, Handler], *on_prepare: Any) -> AsyncIterator[str]:
-    """A bare app with only the request-log middleware (and its signal, then `on_prepare`), serving GET `routes`."""
-    from proxy.config import Settings
-
-    app = web.Application(middlewares=[request_log(Settings())])
+    """A bare app with the proxy's middleware and no runtime (and the log's signal, then `on_prepare`), serving
+    GET `routes`."""
+    app = web.Application(middlewares=[edge(Settings())])
     app.on_response_prepare.append(on_response_prepare)
     app.on_response_prepare.extend(on_prepare)
     for path, handler in routes.items():
@@ -340,7 +341,7 @@ async def test_a_client_gone_before_the_answer_is_logged(context_app: str, lines
 
 @pytest.fixture
 async def ordered_app() -> AsyncIterator[tuple[str, list[str]]]:
-    """A bare app with the request-log middleware, noting in one list when each response's headers go out and when
+    """A bare app with the proxy's middleware, noting in one list when each response's headers go out and when
     each access line is written."""
     order: list[str] = []
 
