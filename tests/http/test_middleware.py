@@ -1,6 +1,6 @@
-"""The guard, the stack's four steps in one layer, over real sockets: an escaping path is refused before the key
-check, a missing key before the handler, every failure answered as JSON (or cut once started), and a request
-answered before its body was read closes its connection."""
+"""The middleware's edge, its guarding steps (the log's are in test_request_log), over real sockets: an escaping
+path is refused before the key check, a missing key before the handler, every failure answered as JSON (or cut once
+started), and a request answered before its body was read closes its connection."""
 
 from __future__ import annotations
 
