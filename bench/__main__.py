@@ -33,6 +33,8 @@ the machine and its load, the comparisons within one table are what counts.
   fake upstream answers the summariser), every measured one is served from the stored summary — checked: each
   answer must say `x-compaction: reused`. "body the upstream receives" is what the fake upstream was sent: the
   client's body for direct, the compacted one for the proxy; "forwarded / client body" their ratio.
+  minor page faults (both): pages the kernel mapped for the target per request (/proc minflt), as when a large
+  body's buffers went back to the system and are taken again; they move a target's CPU from one round to the next.
 - RSS: resident memory of the target (proxy: with its children) idle after a warm-up, and once 1,000 streams
   (chunks 1 s apart) are open through it, each having received its first chunk.
 

@@ -204,6 +204,20 @@ def cpu_seconds(pid: int, *, with_children: bool = True) -> float:
     return total / CLOCK_TICKS
 
 
+def minor_faults(pid: int, *, with_children: bool = True) -> int:
+    """Minor page faults of `pid` (and its live and reaped children) from /proc/PID/stat: pages the kernel had to map
+    (and zero) for it, as when a freed buffer's memory went back to the system and is taken again."""
+    total = 0
+    for each in [pid, *(children_of(pid) if with_children else [])]:
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        # After the command: minflt (field 10) and cminflt (11) sit at 7 and 8.
+        total += int(fields[7]) + (int(fields[8]) if each == pid and with_children else 0)
+    return total
+
+
 def rss_bytes(pid: int, *, with_children: bool = True) -> int:
     """VmRSS of `pid` (and its live children) from /proc/PID/status, in bytes."""
     total = 0

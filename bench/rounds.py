@@ -37,12 +37,13 @@ def expected(measure: Measure, target: Target) -> tuple[str, str] | None:
 def once(load: LoadClient, target: Target, measure: Measure, quick: bool, *, requests: int | None = None,
          seconds: float | None = None) -> dict[str, Any]:
     """One run of a measure on a target, with the target's CPU time per answered request."""
-    before = target.cpu()
+    before, faults = target.cpu(), target.faults()
     answer = load.run(target.url, measure.shape, measure.concurrency, requests or measure.max_requests(quick),
                       seconds or measure.max_seconds(quick), expected(measure, target))
-    spent = target.cpu() - before
+    spent, faulted = target.cpu() - before, target.faults() - faults
     check(answer, target, f"{measure.shape} c={measure.concurrency}")
     answer["cpu_ms_per_request"] = spent * 1000 / answer["requests"]
+    answer["faults_per_request"] = faulted / answer["requests"]
     return answer
 
 

@@ -85,6 +85,12 @@ def cpu(by_column: ByColumn) -> dict[str, float]:
     return absolute(by_column, "cpu_ms_per_request", direct=False)
 
 
+def faults(by_column: ByColumn) -> dict[str, float]:
+    """Minor page faults per request: a large body's buffers given back to the system and taken again each time
+    move a target's CPU by as much as the proxy's own work does (docs/performance.md#the-floors-page-faults)."""
+    return absolute(by_column, "faults_per_request", direct=False)
+
+
 # The columns that are not a proxy: a figure "over the floor's" is reported for the others only.
 REFERENCES = (DIRECT, FLOOR, "nginx")
 
@@ -136,7 +142,8 @@ def long_rows(results: Results) -> list[Row]:
     return [Row("100k history c=1 p50", "ms", absolute(c1, "p50_ms")),
             Row("100k history c=1 added p50", "ms", added(c1, "p50_ms")),
             Row("100k history CPU per request", "ms", per_request),
-            Row("100k history CPU per request / floor's", "x", over_floor(per_request))]
+            Row("100k history CPU per request / floor's", "x", over_floor(per_request)),
+            Row("100k history minor page faults", "per request", faults(c1))]
 
 
 def reuse_rows(results: Results) -> list[Row]:
@@ -146,6 +153,7 @@ def reuse_rows(results: Results) -> list[Row]:
             Row("reuse hit c=1 added p50", "ms", added(c1, "p50_ms")),
             Row("reuse hit CPU per request", "ms", per_request),
             Row("reuse hit CPU per request / floor's on the client's body", "x", over_floor(per_request)),
+            Row("reuse hit minor page faults", "per request", faults(c1)),
             Row("reuse body the upstream receives", "KB", absolute(c1, "received_bytes", scale=1 / 1024)),
             Row("reuse forwarded / client body", "x", ratio(c1, "received_bytes"))]
 

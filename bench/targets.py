@@ -11,7 +11,17 @@ from pathlib import Path
 
 from bench.machine import commit
 from bench.nginx import start_nginx
-from bench.processes import Child, cpu_seconds, rss_bytes, start_floor, start_proxy, start_upstream, stop, wait_proxy
+from bench.processes import (
+    Child,
+    cpu_seconds,
+    minor_faults,
+    rss_bytes,
+    start_floor,
+    start_proxy,
+    start_upstream,
+    stop,
+    wait_proxy,
+)
 from tests.ports import free_port
 
 # Context windows by model (each shape of request has its own model): 128k for the small requests, room for the
@@ -37,6 +47,9 @@ class Target:
 
     def rss(self) -> int:
         return rss_bytes(self.child.pid)
+
+    def faults(self) -> int:
+        return minor_faults(self.child.pid)
 
 
 def proxy_config(upstream_port: int, port: int, compaction: bool) -> str:

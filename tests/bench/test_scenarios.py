@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bench.scenarios import ByColumn, added, over_floor, throughput_over_floor
+from bench.processes import minor_faults
+from bench.scenarios import ByColumn, added, faults, over_floor, throughput_over_floor
 from bench.table import column_order
 from tests.fakes.serving import serve_app
 
@@ -53,6 +55,17 @@ def test_added_figures_are_against_direct_and_the_floor_has_its_own() -> None:
     assert over_floor(figures) == pytest.approx({"proxy on": 4.0})
     assert column_order(["proxy on", "floor", "direct"]) == ["direct", "floor", "proxy on"]
     assert not math.isnan(figures["floor"])
+
+
+def test_page_faults_are_read_from_proc_and_reported_per_target() -> None:
+    before = minor_faults(os.getpid(), with_children=False)
+    held = bytearray(32 << 20)  # zeroed on allocation: every one of its 8,192 pages touched
+    assert minor_faults(os.getpid(), with_children=False) - before >= 4096
+    assert len(held) == 32 << 20
+    by_column = {"direct": [{"faults_per_request": 1.0}], "floor": [{"faults_per_request": value} for value in
+                                                                    (12.0, 311.0, 77.0)],
+                 "proxy on": [{"faults_per_request": 0.1}]}
+    assert faults(by_column) == {"floor": 77.0, "proxy on": 0.1}  # medians; the upstream's own are no hop's
 
 
 async def answer(request: web.Request) -> web.StreamResponse:
