@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,14 +189,19 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def _stats(pid: int, with_children: bool) -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields after its command in /proc/PID/stat) for `pid` and, with children, its live descendants."""
+    for each in [pid, *(children_of(pid) if with_children else [])]:
+        try:
+            yield each, Path(f"/proc/{each}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+
+
 def cpu_seconds(pid: int, *, with_children: bool = True) -> float:
     """utime + stime of `pid` (and its live and reaped children) from /proc/PID/stat, in seconds."""
     total = 0
-    for each in [pid, *(children_of(pid) if with_children else [])]:
-        try:
-            fields = Path(f"/proc/{each}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
+    for each, fields in _stats(pid, with_children):
         # After the command: state is field 3, so utime (14), stime (15), cutime (16), cstime (17) sit at 11..14.
         total += int(fields[11]) + int(fields[12])
         if each == pid and with_children:
@@ -208,11 +213,7 @@ def minor_faults(pid: int, *, with_children: bool = True) -> int:
     """Minor page faults of `pid` (and its live and reaped children) from /proc/PID/stat: pages the kernel had to map
     (and zero) for it, as when a freed buffer's memory went back to the system and is taken again."""
     total = 0
-    for each in [pid, *(children_of(pid) if with_children else [])]:
-        try:
-            fields = Path(f"/proc/{each}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
+    for each, fields in _stats(pid, with_children):
         # After the command: minflt (field 10) and cminflt (11) sit at 7 and 8.
         total += int(fields[7]) + (int(fields[8]) if each == pid and with_children else 0)
     return total
