@@ -68,15 +68,25 @@ def test_the_markers_looked_for_follow_the_compaction_switch(dialect: Any, enabl
 
 
 LARGE = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * glance.MAX_BYTES + b'"}]}'
+# The OpenAI SDK's order: the messages first, the model after them, the other parameters after it.
+LARGE_SDK = b'{"messages": [{"role": "user", "content": "' + b"x" * glance.MAX_BYTES + b'"}], "model": "m", "n": 1}'
+MEDIUM = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * glance.WHOLE_BELOW + b'"}]}'
 
 
 @pytest.mark.parametrize(("compaction", "body", "headers", "markers", "model"), [
     ({"enabled": False}, LARGE, {}, CHAT.quick_markers, "m"),         # off: relayed unread at any size
+    ({"enabled": False}, LARGE_SDK, {}, CHAT.quick_markers, "m"),
     ({"enabled": False}, SMALL, {}, CHAT.quick_markers, "m"),
     ({}, LARGE, {}, CHAT.quick_markers, None),                        # on: a large body goes the whole way
     ({"enabled": False}, LARGE, {MODE: "auto"}, CHAT.quick_markers, None),       # the client asks something
     ({"enabled": False}, LARGE, {}, MESSAGES_OVER_CHAT.quick_markers, None),     # a dialect that translates
-    ({"enabled": False}, LARGE[:-1], {}, CHAT.quick_markers, None),               # broken: the whole way says why
+    ({"enabled": False}, SMALL[:-1], {}, CHAT.quick_markers, None),               # broken: the whole way says why
+    ({"enabled": False}, MEDIUM[:60_000], {}, CHAT.quick_markers, None),
+    # From WHOLE_BELOW on, off, only the model is read: what lies past it is the upstream's to judge.
+    ({"enabled": False}, MEDIUM[:-1], {}, CHAT.quick_markers, "m"),
+    ({"enabled": False}, b"[" + LARGE_SDK[1:], {}, CHAT.quick_markers, "m"),
+    ({"enabled": False}, b'{"messages": [' + b" " * glance.WHOLE_BELOW + b'], "model": 7}', {}, CHAT.quick_markers,
+     ""),                                                                        # not a name: none, as read whole
     ({"enabled": False, "glance": False}, SMALL, {}, CHAT.quick_markers, None),  # no glance at all
 ])
 def test_with_compaction_off_a_body_of_any_size_is_relayed_unread(

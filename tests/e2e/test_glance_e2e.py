@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import aiohttp
@@ -18,6 +19,7 @@ from tests.conftest import ProxyFactory
 from tests.e2e.test_compaction_e2e import WINDOW, big_history
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
+from tests.sdk import async_client
 
 KEY = "sk-glance-owner-0123456789"
 STATED = 128_000  # the window the config states for the model
@@ -97,6 +99,42 @@ async def test_with_compaction_off_a_large_body_is_relayed_byte_for_byte(
     assert headers[COMPACTION] == "none"
     assert fake.requests[-1].body == raw
     assert await charted_points(proxy.url, 0) == 0
+
+
+async def test_with_compaction_off_a_large_body_is_logged_with_its_model_read_from_either_end(
+        fake: FakeUpstream, make_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """Off, only the model is read (proxy.core.top_members): first, as the OpenAI SDK sends it, or after the
+    history, as the Anthropic SDK sends its messages before the model. Each body is relayed as it was sent, each
+    access line names the model, and a model named inside a message is not taken for it."""
+    caplog.set_level(logging.INFO)
+    logged: list[dict[str, Any]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logged.append(json.loads(record.getMessage()))
+
+    handler = Collect(logging.INFO)
+    logging.getLogger("proxy.access").addHandler(handler)
+    try:
+        proxy = await make_proxy(config(enabled=False))
+        history = [{"role": "user", "content": '{"model": "inside-a-message", "n": 1}'},
+                   {"role": "user", "content": "x " * glance.WHOLE_BELOW}]
+        async with async_client(proxy.url, KEY) as client:
+            answer = await client.chat.completions.with_raw_response.create(model=MODEL, messages=history,
+                                                                            temperature=0.5)
+        assert answer.headers[COMPACTION] == "none"
+        assert json.loads(fake.requests[-1].body) == {"model": MODEL, "messages": history, "temperature": 0.5}
+        last_first = json.dumps({"max_tokens": 5, "messages": history, "model": MODEL, "stream": False}).encode()
+        status, headers, _ = await post(proxy.url, last_first)
+        assert status == 200 and headers[COMPACTION] == "none"
+        assert fake.requests[-1].body == last_first and len(last_first) > glance.WHOLE_BELOW
+        for _ in range(200):
+            if len(logged) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert [line.get("model") for line in logged if line.get("route") == "chat"] == [MODEL, MODEL]
+    finally:
+        logging.getLogger("proxy.access").removeHandler(handler)
 
 
 async def test_with_compaction_off_an_image_is_not_looked_for(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
