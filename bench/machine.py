@@ -9,6 +9,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.processes import STEADY_MALLOC
+
 
 def cpu_model() -> str:
     try:
@@ -34,6 +36,7 @@ def header(roots: list[Path]) -> list[str]:
     """The lines printed above the table."""
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.machine()}, {cpu_model()}, {os.cpu_count()} cores"
-    lines = [f"date: {now}", f"machine: {machine}", f"python: {sys.version.split()[0]}"]
+    lines = [f"date: {now}", f"machine: {machine}", f"python: {sys.version.split()[0]}",
+             f"children's GLIBC_TUNABLES: {os.environ.get('GLIBC_TUNABLES', STEADY_MALLOC) or '(none)'}"]
     lines += [f"proxy root {root}: {commit(root)}" for root in roots]
     return lines
