@@ -15,7 +15,10 @@ The targets are measured in interleaved rounds (direct, each proxy, nginx; then 
 machine hits them alike; each figure is the median over rounds, and "added" and "/ direct" figures are computed
 round by round against direct's figure of the same round. Every process — the load generator, the fake upstream,
 the proxies, nginx, and anything else running on this machine — shares the same cores: absolute numbers depend on
-the machine and its load, the comparisons within one table are what counts.
+the machine and its load, the comparisons within one table are what counts. Every child runs with glibc's malloc
+thresholds fixed (`bench.processes.STEADY_MALLOC`, unless GLIBC_TUNABLES is set): with glibc's defaults a small
+heap gives a large body's memory back and faults it in again, a different number of times each round, and the
+floor's CPU on the long history moved 0.5 to 1.3 ms with it.
 
 - small c=1 p50 / p99: latency of a ~50-token non-streaming chat completion, one request at a time (each
   percentile is taken per round, then the median over rounds). added p50: the proxy's p50 minus direct's, i.e.
