@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.processes import STEADY_MALLOC
+from bench.processes import bench_env
 
 
 def cpu_model() -> str:
@@ -37,6 +37,6 @@ def header(roots: list[Path]) -> list[str]:
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.machine()}, {cpu_model()}, {os.cpu_count()} cores"
     lines = [f"date: {now}", f"machine: {machine}", f"python: {sys.version.split()[0]}",
-             f"children's GLIBC_TUNABLES: {os.environ.get('GLIBC_TUNABLES', STEADY_MALLOC) or '(none)'}"]
+             f"children's GLIBC_TUNABLES: {bench_env()['GLIBC_TUNABLES'] or '(none)'}"]
     lines += [f"proxy root {root}: {commit(root)}" for root in roots]
     return lines

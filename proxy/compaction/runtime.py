@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from pydantic import SecretStr
 
 from proxy.compaction.api_fallback import NativeOrChat
 from proxy.compaction.compactor import Compactor
@@ -104,8 +105,7 @@ class Runtime:
         self.stages = stages
         self.proxy_keys = self.keys_of(settings)
         # Operator keys (server.admin_keys): /readyz's details and every tenant's journal. Not proxy keys.
-        self.admin_keys = tuple(key.get_secret_value().encode("utf-8", HASH_ERRORS)
-                                for key in settings.server.admin_keys)
+        self.admin_keys = _encoded(settings.server.admin_keys)
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -113,7 +113,7 @@ class Runtime:
     @staticmethod
     def keys_of(settings: Settings) -> tuple[bytes, ...]:
         """The proxy keys (server.api_keys) as a request's credentials are compared with them."""
-        return tuple(key.get_secret_value().encode("utf-8", HASH_ERRORS) for key in settings.server.api_keys)
+        return _encoded(settings.server.api_keys)
 
     @property
     def in_flight(self) -> int:
@@ -138,6 +138,11 @@ class Runtime:
         if self.stages is not None:
             await self.stages.close()
         await self.windows.close()
+
+
+def _encoded(keys: tuple[SecretStr, ...]) -> tuple[bytes, ...]:
+    """Configured keys as a request's credentials are compared with them."""
+    return tuple(key.get_secret_value().encode("utf-8", HASH_ERRORS) for key in keys)
 
 
 def load_templates(settings: Settings) -> Templates:
