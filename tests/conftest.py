@@ -13,6 +13,7 @@ import tiktoken.load
 from proxy.app import RunningServer, start_server
 from proxy.config import Settings, UpstreamConfig, settings_from_mapping
 from proxy.core.encodings import BUNDLED_ENCODING, clear_encoding_cache
+from proxy.http.appkeys import RUNTIME
 from proxy.upstream.upstream import Upstream, create_session
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
 from tests.fakes.serving import deep_merge, serve_app
@@ -54,6 +55,8 @@ async def make_proxy(fake: FakeUpstream) -> AsyncIterator[ProxyFactory]:
 
     yield start
     for server in running:
+        # The memo's remembered values are shared between requests: no path the test took may have changed one.
+        assert server.app[RUNTIME].shared.bodies.intact(), "a remembered request value was changed in place"
         await server.stop()
 
 

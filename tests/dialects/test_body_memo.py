@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from typing import Any
 
@@ -118,14 +117,24 @@ def test_fields_after_the_history_are_read_from_the_new_body() -> None:
     assert got["stream"] is True and got["tools"] == [{"name": "b"}]
 
 
-def test_a_value_changed_in_place_is_noticed_and_the_body_read_whole(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_value_changed_in_place_is_told_by_intact() -> None:
     bodies, history = memo(), [message(index) for index in range(8)]
     first = read_both(bodies, body_of(history))
-    first["messages"][2]["content"] = "changed by someone"  # what the proxy never does; the memo checks anyway
-    with caplog.at_level(logging.WARNING, logger="proxy.dialects.body_memo"):
-        read_both(bodies, body_of([*history, message(8)]))
-    assert bodies.reused == 0
-    assert "no longer encodes to its bytes" in caplog.text
+    second = read_both(bodies, body_of([*history, message(8)]))
+    assert bodies.intact()
+    second["messages"][2]["content"] = "changed by someone"  # what nothing in the proxy may do
+    assert not bodies.intact()
+    first["messages"][2]["content"] = message(2)["content"]  # the values are one: set back through either
+    assert bodies.intact()
+
+
+def test_intact_checks_every_remembered_history() -> None:
+    bodies = memo()
+    kept = [read_both(bodies, body_of([message(index, size=100 + opening)])) for opening in range(3)
+            for index in range(2)]
+    assert bodies.intact()
+    kept[0]["messages"][0]["role"] = "system"
+    assert not bodies.intact()
 
 
 def test_a_small_body_is_read_whole_and_not_remembered() -> None:
