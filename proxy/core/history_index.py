@@ -49,11 +49,13 @@ class History:
 
 @dataclass(frozen=True, slots=True)
 class _LastRead:
-    """A conversation's last read: its keys, what they read as, and the chain's state after the last message."""
+    """A conversation's last read: its keys, what they read as, the chain's state after the last message, and the
+    index's count of entry operations when its entries were last all marked used (see HistoryIndex._grown_from)."""
 
     keys: list[int]
     history: History
     state: bytes
+    touched: int
 
 
 # One message: (digest, tokens, state before, state after, state after as hex) -- the last link of the chain
@@ -78,6 +80,9 @@ class HistoryIndex:
         self._roots: dict[str, bytes] = {}
         # By (namespace, first key, second key): conversations that open alike share a slot, and take turns.
         self._lineages: OrderedDict[tuple[str, int, int], _LastRead] = OrderedDict()
+        # Entries added or marked used so far, counted from above: an entry is dropped only once max_entries
+        # others were added or used after it.
+        self._operations = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -85,48 +90,56 @@ class HistoryIndex:
     def read(self, messages: Sequence[Any], namespace: str, keys: Sequence[int] | None = None) -> History:
         """The history's chain and token counts, computing only what the index does not hold. `keys`, one per
         message, are the hashes of bytes that encode each exactly (see above); None: computed here."""
-        last, shared = self._grown_from(namespace, keys)
+        last, shared, touched = self._grown_from(namespace, keys)
         keys, found, missing = self._look_up(messages[shared:], keys[shared:] if keys is not None else None)
-        return self._finished(namespace, last, shared, keys, found, self._entries_for(messages[shared:], missing))
+        return self._finished(namespace, last, shared, touched, keys, found,
+                              self._entries_for(messages[shared:], missing))
 
     async def read_off_loop(self, messages: Sequence[Any], namespace: str,
                             keys: Sequence[int] | None = None) -> History:
         """As read(), with the work on new messages in a thread when it is large enough to pay for the hand-off."""
-        last, shared = self._grown_from(namespace, keys)
+        last, shared, touched = self._grown_from(namespace, keys)
         rest = messages[shared:]
         keys, found, missing = self._look_up(rest, keys[shared:] if keys is not None else None)
         if sum(len(canonical) for _, canonical in missing.values()) <= LARGE:
             fresh = self._entries_for(rest, missing)
         else:
             fresh = await asyncio.to_thread(self._entries_for, rest, missing)
-        return self._finished(namespace, last, shared, keys, found, fresh)
+        return self._finished(namespace, last, shared, touched, keys, found, fresh)
 
-    def _grown_from(self, namespace: str, keys: Sequence[int] | None) -> tuple[_LastRead | None, int]:
-        """The conversation's last read, and how many keys these open with alike (a history resent with more, or
-        with its last messages changed); (None, 0) without one.
+    def _grown_from(self, namespace: str, keys: Sequence[int] | None) -> tuple[_LastRead | None, int, int]:
+        """The conversation's last read, how many keys these open with alike (a history resent with more, or with
+        its last messages changed), and when their entries were last all marked used; (None, 0, 0) without one.
 
         The shared messages' chain links and counts are what they were: both depend on those messages alone (and
-        the namespace). Their entries are still marked used, one pass at C speed, or the index would drop the
-        entries of its busiest conversations first; one that was dropped sends the read the whole way."""
+        the namespace). Their entries are marked used again, or the index would drop the entries of its busiest
+        conversations first; but only once half the index has been added or used since they last were: before
+        that none of them can have been dropped, and a pass over every shared entry on every request was a tenth
+        of the history read. One that was dropped sends the read the whole way."""
         if keys is None or len(keys) < 2:
-            return None, 0
+            return None, 0, 0
         last = self._lineages.get((namespace, keys[0], keys[1]))
         if last is None:
-            return None, 0
+            return None, 0, 0
         shared = _common_prefix(last.keys, keys if isinstance(keys, list) else list(keys))
         if shared < 2:
-            return None, 0
+            return None, 0, 0
+        if self._operations - last.touched < self._max_entries // 2:
+            return last, shared, last.touched
+        touched = self._operations
         try:
             deque(map(self._entries.move_to_end, last.keys[:shared]), maxlen=0)
         except KeyError:
-            return None, 0
-        return last, shared
+            return None, 0, 0
+        self._operations += shared
+        return last, shared, touched
 
-    def _finished(self, namespace: str, last: _LastRead | None, shared: int, keys: list[int],
+    def _finished(self, namespace: str, last: _LastRead | None, shared: int, touched: int, keys: list[int],
                   found: list[_Entry | None], fresh: dict[int, _Entry]) -> History:
-        """The read finished (from the first `shared` messages of `last`, if any), and remembered as its
-        conversation's last."""
+        """The read finished (from the first `shared` messages of `last`, if any, last all marked used when the
+        count of operations was `touched`), and remembered as its conversation's last."""
         if last is None:
+            touched = self._operations  # every entry is marked used by _finish, from here on
             history, state = self._finish(namespace, keys, found, fresh)
         else:
             chain = last.history.chain[:shared]
@@ -136,7 +149,7 @@ class HistoryIndex:
             history = History(chain + history.chain, last.history.tokens[:shared] + history.tokens, history.new)
         if len(keys) >= 2:
             lineage = (namespace, keys[0], keys[1])
-            self._lineages[lineage] = _LastRead(keys, history, state)
+            self._lineages[lineage] = _LastRead(keys, history, state, touched)
             self._lineages.move_to_end(lineage)
             if len(self._lineages) > MAX_LINEAGES:
                 self._lineages.popitem(last=False)
@@ -202,6 +215,7 @@ class HistoryIndex:
                 entries[key] = entry
             append(after_hex)
             state = after
+        self._operations += len(fresh) + 2 * len(keys)  # at most: each key added back and marked used
         while len(entries) > self._max_entries:
             entries.popitem(last=False)
         return History(chain, list(map(_TOKENS, known)), len(fresh)), state

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+from collections import OrderedDict
 from typing import Any
 
 import pytest
@@ -255,3 +256,54 @@ async def test_concurrent_reads_of_one_growing_conversation_each_get_their_own_c
     reads = await asyncio.gather(*(index.read_off_loop(grown, "ns", spelled_keys(grown)) for grown in growths))
     for grown, read in zip(growths, reads, strict=True):
         assert (read.chain, read.tokens) == reference(grown, "ns")
+
+
+class MarkingEntries(OrderedDict[int, Any]):
+    """The index's entries, counting how often one is marked used."""
+
+    marked = 0
+
+    def move_to_end(self, key: int, last: bool = True) -> None:
+        self.marked += 1
+        super().move_to_end(key, last)
+
+
+def test_shared_entries_are_marked_used_again_only_once_half_the_index_has_turned_over() -> None:
+    index = HistoryIndex(COUNTER, max_entries=1_000)
+    entries = index._entries = MarkingEntries()
+    kept = [{"role": "system", "content": "be brief"}, *[message for n in range(50) for message in turn(n)]]
+    index.read(kept, "ns", spelled_keys(kept))
+    for number in range(50, 60):  # grown by a turn each time: only the new turn is marked, not the 101 before it
+        kept = [*kept, *turn(number)]
+        entries.marked = 0
+        read = index.read(kept, "ns", spelled_keys(kept))
+        assert (read.chain, read.tokens) == reference(kept, "ns")
+        assert entries.marked == 2
+    for number in range(200):  # another conversation adds 400 entries, and marks them: past half the index
+        index.read(turn(10_000 + number), "other")
+    kept = [*kept, *turn(60)]
+    entries.marked = 0
+    read = index.read(kept, "ns", spelled_keys(kept))
+    assert (read.chain, read.tokens) == reference(kept, "ns")
+    assert entries.marked == len(kept)  # every shared entry marked again, then the new turn
+    assert all(key in entries for key in spelled_keys(kept))
+
+
+def test_a_busy_conversation_keeps_its_entries_while_others_fill_the_index() -> None:
+    index = HistoryIndex(COUNTER, max_entries=100)
+    entries = index._entries = MarkingEntries()
+    kept = [{"role": "system", "content": "be brief"}, *turn(0)]
+    index.read(kept, "ns", spelled_keys(kept))
+    passes = set()
+    for number in range(1, 25):  # 216 entries of others through an index of 100, the conversation (at most 51)
+        # resent between
+        other = [{"role": "system", "content": f"other {number}"},
+                 *[message for n in range(4) for message in turn(1000 * number + n)]]
+        index.read(other, "ns", spelled_keys(other))
+        kept = [*kept, *turn(number)]
+        entries.marked = 0
+        read = index.read(kept, "ns", spelled_keys(kept))
+        assert (read.chain, read.tokens) == reference(kept, "ns")
+        assert all(key in entries for key in spelled_keys(kept))
+        passes.add(entries.marked > 2)
+    assert passes == {False, True}  # reads that marked only the new turn, and reads that marked every entry
