@@ -41,7 +41,7 @@ class Journey(Generic[C]):
     swapped: Swapped | None = None  # stage 2: stored summaries of old tool rounds swapped into what is forwarded
     cleared: Cleared | None = None  # stage 1: old tool results cleared in what is forwarded
     forwarded: list[Message] = field(default_factory=list)
-    counted: tuple[list[Message], list[int]] | None = None  # token counts of the last messages counted
+    counted: tuple[list[Message], list[int], int] | None = None  # the last messages counted: counts, sum
     origin: Origin | None = None  # the request as the journal names it; None without a journal
 
     def conversation_tokens(self, count_each: Callable[[Sequence[Message]], list[int]]) -> list[int]:

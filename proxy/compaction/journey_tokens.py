@@ -29,7 +29,7 @@ class JourneyTokens:
         return self._calibration.adjust(journey.call.model, self.raw_estimate(journey))
 
     def raw_estimate(self, journey: Journey[Any]) -> int:
-        return sum(self.message_tokens(journey)) + journey.overhead
+        return self._counted(journey)[2] + journey.overhead
 
     def original(self, journey: Journey[Any]) -> int:
         """The request as the client sent it."""
@@ -41,12 +41,18 @@ class JourneyTokens:
 
     def message_tokens(self, journey: Journey[Any]) -> list[int]:
         """Token counts of the messages as they will be forwarded, counted once per shape of the journey."""
+        return self._counted(journey)[1]
+
+    def _counted(self, journey: Journey[Any]) -> tuple[list[Message], list[int], int]:
+        """The messages as they will be forwarded, their counts and the counts' sum, kept on the journey until
+        its shape changes (the estimate is asked for several times a request)."""
         messages = self.messages(journey)
-        if journey.counted is not None and journey.counted[0] is messages:
-            return journey.counted[1]
+        counted = journey.counted
+        if counted is not None and counted[0] is messages:
+            return counted
         if journey.elided or journey.cleared or journey.swapped:
             tokens = self._counter.count_each(messages)
         else:  # the replacement, then the client's own messages after the stored prefix, already counted
             tokens = journey.conversation_tokens(self._counter.count_each)
-        journey.counted = (messages, tokens)
-        return tokens
+        journey.counted = counted = (messages, tokens, sum(tokens))
+        return counted
