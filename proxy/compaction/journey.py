@@ -43,14 +43,21 @@ class Journey(Generic[C]):
     forwarded: list[Message] = field(default_factory=list)
     counted: tuple[list[Message], list[int], int] | None = None  # the last messages counted: counts, sum
     origin: Origin | None = None  # the request as the journal names it; None without a journal
+    # conversation_tokens of a conversation with a stored replacement, kept until the conversation changes
+    spliced_counts: tuple[Conversation, list[int]] | None = field(default=None, repr=False)
 
     def conversation_tokens(self, count_each: Callable[[Sequence[Message]], list[int]]) -> list[int]:
         """Raw token counts of `conversation.messages`: the client's own as the history read counted them, a stored
-        replacement counted now."""
+        replacement counted when first asked for (the stages, the estimate and the turn ahead each ask; every
+        caller counts with the pipeline's one counter). Read them, never change them."""
         conversation, read = self.conversation, self.history.tokens
         if conversation.record is None:
             return read
-        return [*count_each(conversation.record.replacement), *read[conversation.record.prefix_len:]]
+        if self.spliced_counts is not None and self.spliced_counts[0] is conversation:
+            return self.spliced_counts[1]
+        counts = [*count_each(conversation.record.replacement), *read[conversation.record.prefix_len:]]
+        self.spliced_counts = (conversation, counts)
+        return counts
 
 
 class Serving(Protocol):

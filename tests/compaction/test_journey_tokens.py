@@ -20,6 +20,7 @@ from proxy.core.history_index import HistoryIndex
 from proxy.core.tokens import TokenCounter
 from proxy.core.view import View
 from proxy.dialects.chat_request import ChatCall
+from proxy.store.store import CompactedPrefix
 
 OVERHEAD = 7
 
@@ -76,6 +77,24 @@ def test_a_new_shape_is_counted_anew() -> None:
     assert tokens.raw_estimate(journey) == sum(map(counter.count_message, shorter)) + OVERHEAD < whole
     journey.cleared = None  # back to the conversation as sent
     assert tokens.raw_estimate(journey) == whole
+
+
+def record(prefix_len: int) -> CompactedPrefix:
+    return CompactedPrefix("abc", prefix_len, ({"role": "user", "content": "the summary " * 20},), 100, 30, "m", 0.0)
+
+
+def test_a_stored_summarys_counts_are_its_own_then_the_clients_and_counted_once() -> None:
+    tokens, journey, counter, _ = setup(MESSAGES)
+    stored = record(2)
+    journey.conversation = Conversation(MESSAGES, journey.history.chain, "ns", stored)
+    expected = [counter.count_message(stored.replacement[0]), counter.count_message(MESSAGES[2])]
+    counter.passes = 0
+    asked = [journey.conversation_tokens(counter.count_each) for _ in range(3)]
+    assert asked == [expected] * 3 and counter.passes == 1
+    assert tokens.message_tokens(journey) == expected and counter.passes == 1
+    journey.conversation = Conversation(MESSAGES, journey.history.chain, "ns", record(1))  # another summary
+    assert journey.conversation_tokens(counter.count_each)[1:] == [counter.count_message(m) for m in MESSAGES[1:]]
+    assert counter.passes == 2
 
 
 def test_the_estimate_follows_the_calibration() -> None:
