@@ -22,7 +22,8 @@ from proxy.core.budget import Limits
 from proxy.core.calibration import Calibration
 from proxy.core.elision import elide_text
 from proxy.core.messages import Message, is_instruction, is_tool_result, is_user, role, valid_text
-from proxy.core.plan import Plan, apply_replacement, plan_compaction, replacement
+from proxy.core.plan import Plan, apply_replacement, plan_compaction, replacement, replacement_applies
+from proxy.core.tail_walks import TailWalks
 from proxy.core.tokens import TokenCounter
 from proxy.metrics import Metrics
 from proxy.offload import LARGE_REPLY, off_loop_above, off_loop_if_large
@@ -121,6 +122,7 @@ class Compactor:
         self._model_factory = model_factory
         self._flights = flights or LocalFlights(store, metrics.store_errors_counter())
         self._backoff = Backoff()
+        self._tail_walks = TailWalks()
         self._fillers = (
             {"role": "assistant", "content": templates.continuation_note()},
             {"role": "assistant", "content": templates.acknowledgement()},
@@ -153,11 +155,20 @@ class Compactor:
             log.warning("summary store lookup failed; serving without reuse", exc_info=True)
             self._metrics.store_errors.labels("lookup").inc()
             return plain
-        if record is None or apply_replacement(original, record.replacement, record.prefix_len) is None:
+        if record is None or not self._applies(original, chain, namespace, record):
             self._metrics.reuse_lookups.labels("miss").inc()
             return plain
         self._metrics.reuse_lookups.labels("hit").inc()
         return Conversation(original, chain, namespace, record)
+
+    def _applies(self, original: Sequence[Message], chain: Sequence[str], namespace: str,
+                 record: CompactedPrefix) -> bool:
+        """Whether the stored summary splices in (plan.apply_replacement), its tool-pair walk of the messages after
+        its cut going on from where this conversation's last request left it (core.tail_walks)."""
+        def splits(messages: Sequence[Message], cut: int) -> bool:
+            return self._tail_walks.splits((namespace, record.prefix_hash), messages, chain, cut)
+
+        return replacement_applies(original, record.replacement, record.prefix_len, splits)
 
     def plan(self, conversation: Conversation, limits: Limits, *, model: str,
              answer_tokens: int | None = None, overhead: int = 0) -> Plan | None:

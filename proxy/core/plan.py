@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,15 +104,24 @@ def splits_a_tool_pair(messages: Sequence[Any], cut: int) -> bool:
     after the cut answers an id no call after the cut carries: a stored summary is checked on every request."""
     called: set[str] = set()
     orphans: set[str] = set()
-    for message in messages[cut:]:
+    walk_results(messages[cut:], called, orphans)
+    return makes_any_call(messages[:cut], orphans)
+
+
+def walk_results(messages: Iterable[Any], called: set[str], orphans: set[str]) -> None:
+    """Add to `called` the call ids `messages` carry, and to `orphans` the ids of results that no call before them
+    carried (in `called` as given, or earlier in `messages`): a walk goes on from where another one stopped."""
+    for message in messages:
         called.update(call_id for call_id in call_ids(message) or () if isinstance(call_id, str))
         answered = answered_call_id(message)
         if answered is not None and answered not in called:
             orphans.add(answered)
-    if not orphans:
-        return False
-    return any(isinstance(call_id, str) and call_id in orphans
-               for message in messages[:cut] for call_id in call_ids(message) or ())
+
+
+def makes_any_call(messages: Iterable[Any], ids: Collection[str]) -> bool:
+    """Whether any of `messages` makes a tool call with one of `ids`."""
+    return bool(ids) and any(isinstance(call_id, str) and call_id in ids
+                             for message in messages for call_id in call_ids(message) or ())
 
 
 @dataclass(frozen=True)
@@ -370,9 +379,16 @@ def apply_replacement(
     The caller has already matched the prefix by hash; what follows must still be a tail: a cut that splits no
     tool pair, whose first message alternates with the replacement's last.
     """
-    if not 0 < prefix_len < len(messages) or not replacement_messages:
-        return None
-    first = role(messages[prefix_len])
-    if first not in CUT_ROLES or first == role(replacement_messages[-1]) or splits_a_tool_pair(messages, prefix_len):
+    if not replacement_applies(messages, replacement_messages, prefix_len):
         return None
     return [*replacement_messages, *messages[prefix_len:]]
+
+
+def replacement_applies(messages: Sequence[Message], replacement_messages: Sequence[Message], prefix_len: int,
+                        splits: Callable[[Sequence[Message], int], bool] = splits_a_tool_pair) -> bool:
+    """Whether apply_replacement splices (`splits` tells whether a cut splits a tool pair, as splits_a_tool_pair
+    does: a caller may remember where its last walk stopped)."""
+    if not 0 < prefix_len < len(messages) or not replacement_messages:
+        return False
+    first = role(messages[prefix_len])
+    return first in CUT_ROLES and first != role(replacement_messages[-1]) and not splits(messages, prefix_len)

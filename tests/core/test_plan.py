@@ -19,6 +19,7 @@ from proxy.core.plan import (
     last_input_tokens,
     plan_compaction,
     replacement,
+    replacement_applies,
     splice,
     splits_a_tool_pair,
     unsafe_cuts,
@@ -317,6 +318,20 @@ def test_apply_replacement(spec: str, prefix_len: int, stored_ends_with: str, ap
         assert result == stored + messages[prefix_len:]
     else:
         assert result is None
+    assert replacement_applies(messages, stored, prefix_len) is applies
+
+
+def test_replacement_applies_asks_the_given_walk_whether_the_cut_splits_a_pair() -> None:
+    messages, stored = build("S U A U A U"), [SUMMARY, NOTE]
+    asked: list[int] = []
+
+    def splits(walked: Any, cut: int) -> bool:
+        asked.append(cut)
+        return True
+
+    assert replacement_applies(messages, stored, 3) is True
+    assert replacement_applies(messages, stored, 3, splits) is False
+    assert asked == [3]
 
 
 @pytest.mark.parametrize(
