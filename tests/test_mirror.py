@@ -20,8 +20,6 @@ ELSEWHERE = {
                                "learned from a 404, kept on a missing model, what counts as no route)",
     "compaction.compactor": "tests/e2e/test_compaction_e2e.py, test_backoff_e2e.py, test_hostile_summariser.py",
     "compaction.job": "the compactor's: its log line's figures in tests/e2e/test_hysteresis_e2e.py",
-    "compaction.journey_tokens": "the pipeline's counts: tests/e2e/test_compaction_e2e.py and tests/test_names.py "
-                                 "check x-compaction-tokens-before/after, which are these",
     "compaction.journey": "a request's state and the Serving protocol: every tests/e2e test goes through both",
     "compaction.pipeline": "tests/e2e: compaction, shadow, hysteresis, overflow styles, tenants, the agent loop",
     "compaction.runtime": "tests/test_reload.py (swapped whole on reload), tests/e2e/test_shutdown.py",
