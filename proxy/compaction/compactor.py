@@ -22,7 +22,7 @@ from proxy.core.budget import Limits
 from proxy.core.calibration import Calibration
 from proxy.core.elision import elide_text
 from proxy.core.messages import Message, is_instruction, is_tool_result, is_user, role, valid_text
-from proxy.core.plan import Plan, apply_replacement, plan_compaction, replacement, replacement_applies
+from proxy.core.plan import Plan, plan_compaction, replacement, replacement_applies
 from proxy.core.tail_walks import TailWalks
 from proxy.core.tokens import TokenCounter
 from proxy.metrics import Metrics
@@ -269,7 +269,8 @@ class Compactor:
         no longer starts with what it summarised, or it summarised no more than what is spliced in already."""
         await self._flights.wait_for_any(prepared_namespace(conversation.namespace), conversation.chain)
         record = await self._prepared_record(conversation)
-        if record is None or apply_replacement(conversation.original, record.replacement, record.prefix_len) is None:
+        if record is None or not self._applies(conversation.original, conversation.chain, conversation.namespace,
+                                               record):
             return conversation
         try:
             await self._store.put(conversation.namespace, record)
