@@ -133,7 +133,7 @@ class Metrics:
 
     def upstream_errors_counter(self) -> Callable[[str], None]:
         """A callback for the upstream client: one failure of a kind ("timeout", "unreachable") counted."""
-        return lambda kind: self.upstream_errors.labels(kind).inc()
+        return lambda kind: self.labelled(self.upstream_errors, kind).inc()
 
     def upstream_latency(self) -> Callable[[float], None]:
         """A callback for the upstream client: seconds until one response's headers arrived."""
@@ -141,11 +141,11 @@ class Metrics:
 
     def store_latency(self) -> Callable[[str, float], None]:
         """A callback for the timed store: one operation's seconds, by operation."""
-        return lambda operation, seconds: self.store_seconds.labels(operation).observe(seconds)
+        return lambda operation, seconds: self.labelled(self.store_seconds, operation).observe(seconds)
 
     def store_errors_counter(self) -> Callable[[str], None]:
         """A callback for the summary store and flights: one failed operation ("lookup", "put", "acquire") counted."""
-        return lambda operation: self.store_errors.labels(operation).inc()
+        return lambda operation: self.labelled(self.store_errors, operation).inc()
 
     def summary(self) -> dict[str, Any]:
         """The few counters the dashboard shows, summed over labels (and over workers, as /metrics is)."""

@@ -44,19 +44,21 @@ class AnswerHeaders(Generic[C]):
         """A journey's: what it did, the tokens before and after, what the stages and elision did; journaled."""
         headers = {COMPACTION: "failed" if journey.failed else journey.trigger,
                    **self.edits_told(journey.call, journey.trigger, failed=journey.failed)}
+        before = journey.tokens_before  # the request as the client sent it: counted once, if it is asked for
         if journey.conversation.record is not None or journey.elided:
-            headers[TOKENS_BEFORE] = str(journey.tokens_before or self._tokens.original(journey))
+            before = before or self._tokens.original(journey)
+            headers[TOKENS_BEFORE] = str(before)
             headers[TOKENS_AFTER] = str(self._tokens.estimate(journey))
         if journey.elided:
             headers[ELIDED] = str(journey.elided)
         if journey.cleared and journey.cleared.results:  # (told once per answer, so counted here)
             headers[CLEARED], headers[CLEARED_TOKENS] = str(journey.cleared.results), str(journey.cleared.freed)
-            self._metrics.tool_result_tokens_freed.labels("cleared").inc(journey.cleared.freed)
+            self._metrics.labelled(self._metrics.tool_result_tokens_freed, "cleared").inc(journey.cleared.freed)
         if journey.swapped:
             headers[PAIR_SUMMARIES] = str(journey.swapped.applied)
         if journey.reason is not None:
             headers[REASON] = journey.reason
-        self._journal(journey, headers)
+        self._journal(journey, headers, before)
         return headers
 
     def untouched(self, call: C, attempt: Attempt) -> dict[str, str]:
@@ -65,7 +67,7 @@ class AnswerHeaders(Generic[C]):
         if reason is None:
             return {COMPACTION: "none", **self.edits_told(call, "off", failed=False)}
         if attempt.overflow:
-            self._metrics.overflow_errors.labels("first").inc()
+            self._metrics.labelled(self._metrics.overflow_errors, "first").inc()
             log.warning(json.dumps({"event": "compaction_not_applicable", "request_id": current_request_id(),
                                     "reason": reason, "route": self._dialect.name}))
         return {COMPACTION: "not-applicable", REASON: reason}
@@ -77,7 +79,7 @@ class AnswerHeaders(Generic[C]):
             outcomes[edit_report.COMPACTION] = edit_report.compaction_outcome(trigger, failed)
         return edit_report.report_edits(outcomes, self._dialect.name, self._metrics)
 
-    def _journal(self, journey: Journey[C], headers: dict[str, str]) -> None:
+    def _journal(self, journey: Journey[C], headers: dict[str, str], before: int) -> None:
         """The request in the journal, and x-compaction-id on its answer (see Recorder.request)."""
         if (origin := journey.origin) is None:
             return
@@ -86,5 +88,5 @@ class AnswerHeaders(Generic[C]):
         self._recorder.safely("journal_request", lambda: self._recorder.request(
             origin, headers, summary=summary, limits=journey.limits, freed=freed,
             failure=journey.failure if journey.failed else None,
-            tokens_before=journey.tokens_before or self._tokens.original(journey),
+            tokens_before=before or self._tokens.original(journey),
             tokens_after=self._tokens.estimate(journey)))

@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -23,6 +23,7 @@ from proxy.core.calibration import Calibration
 from proxy.core.elision import elide_text
 from proxy.core.messages import Message, is_instruction, is_tool_result, is_user, role, valid_text
 from proxy.core.plan import Plan, plan_compaction, replacement, replacement_applies
+from proxy.core.replacement_counts import ReplacementCounts
 from proxy.core.tail_walks import TailWalks
 from proxy.core.tokens import TokenCounter
 from proxy.metrics import Metrics
@@ -57,6 +58,8 @@ class Conversation:
     chain: Sequence[str]
     namespace: str
     record: CompactedPrefix | None = None
+    # The counter's count of each message of the record's replacement, when known (see ReplacementCounts).
+    replacement_counts: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
     @cached_property
     def messages(self) -> list[Message]:
@@ -123,6 +126,7 @@ class Compactor:
         self._flights = flights or LocalFlights(store, metrics.store_errors_counter())
         self._backoff = Backoff()
         self._tail_walks = TailWalks()
+        self._replacement_counts = ReplacementCounts(counter.count_each)
         self._fillers = (
             {"role": "assistant", "content": templates.continuation_note()},
             {"role": "assistant", "content": templates.acknowledgement()},
@@ -156,10 +160,11 @@ class Compactor:
             self._metrics.store_errors.labels("lookup").inc()
             return plain
         if record is None or not self._applies(original, chain, namespace, record):
-            self._metrics.reuse_lookups.labels("miss").inc()
+            self._metrics.labelled(self._metrics.reuse_lookups, "miss").inc()
             return plain
-        self._metrics.reuse_lookups.labels("hit").inc()
-        return Conversation(original, chain, namespace, record)
+        self._metrics.labelled(self._metrics.reuse_lookups, "hit").inc()
+        counts = self._replacement_counts.of((namespace, record.prefix_hash), record.replacement)
+        return Conversation(original, chain, namespace, record, counts)
 
     def _applies(self, original: Sequence[Message], chain: Sequence[str], namespace: str,
                  record: CompactedPrefix) -> bool:
@@ -277,7 +282,7 @@ class Compactor:
         except Exception:  # this request still gets it; the next one promotes it again
             log.warning("summary store write failed (a prepared summary)", exc_info=True)
             self._metrics.store_errors.labels("put").inc()
-        self._metrics.reuse_lookups.labels("prepared").inc()
+        self._metrics.labelled(self._metrics.reuse_lookups, "prepared").inc()
         return Conversation(conversation.original, conversation.chain, conversation.namespace, record)
 
     async def _prepared_record(self, conversation: Conversation) -> CompactedPrefix | None:

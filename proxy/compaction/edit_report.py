@@ -36,7 +36,7 @@ def report_edits(outcomes: Mapping[str, str], route: str, metrics: Metrics) -> d
     if not told:
         return {}
     for edit, outcome in told.items():
-        metrics.context_edits.labels(edit, outcome).inc()
+        metrics.labelled(metrics.context_edits, edit, outcome).inc()
     level = logging.WARNING if "failed" in told.values() else logging.INFO
     log.log(level, json.dumps({"event": "context_edits", "request_id": current_request_id(), "route": route,
                                "edits": told}))

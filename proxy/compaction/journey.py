@@ -48,14 +48,17 @@ class Journey(Generic[C]):
 
     def conversation_tokens(self, count_each: Callable[[Sequence[Message]], list[int]]) -> list[int]:
         """Raw token counts of `conversation.messages`: the client's own as the history read counted them, a stored
-        replacement counted when first asked for (the stages, the estimate and the turn ahead each ask; every
-        caller counts with the pipeline's one counter). Read them, never change them."""
+        replacement as the compactor counted it when it spliced it in, or counted when first asked for (the stages, the
+        estimate and the turn ahead each ask; every caller counts with the pipeline's one counter). Read them, never
+        change them."""
         conversation, read = self.conversation, self.history.tokens
         if conversation.record is None:
             return read
         if self.spliced_counts is not None and self.spliced_counts[0] is conversation:
             return self.spliced_counts[1]
-        counts = [*count_each(conversation.record.replacement), *read[conversation.record.prefix_len:]]
+        stored = conversation.replacement_counts
+        counts = [*(count_each(conversation.record.replacement) if stored is None else stored),
+                  *read[conversation.record.prefix_len:]]
         self.spliced_counts = (conversation, counts)
         return counts
 

@@ -129,7 +129,7 @@ class PairSummaries:
         sent = _with_reports(messages, with_round_summaries(messages, swaps), indices)
         freed = sum(self._counter.count_message(messages[index]) - self._counter.count_message(sent[index])
                     for index in indices)
-        self._metrics.tool_result_tokens_freed.labels(STAGE).inc(max(freed, 0))
+        self._metrics.labelled(self._metrics.tool_result_tokens_freed, STAGE).inc(max(freed, 0))
         return Swapped(sent, len(swaps), freed, mismatches, indices)
 
     def start(self, messages: list[Message], namespace: str, *, window: int, model: str,
@@ -381,7 +381,7 @@ class PairSummaries:
         """Rounds counted by outcome (made, applied, mismatch, failed)."""
         for outcome, rounds in outcomes.items():
             if rounds:
-                self._metrics.pair_summaries.labels(outcome).inc(rounds)
+                self._metrics.labelled(self._metrics.pair_summaries, outcome).inc(rounds)
 
     def _failed(self, job: _Job, batch: Sequence[ToolRound], error: Exception, started: float) -> None:
         rounds = len(batch) or min(len(job.rounds), self._policy.batch_size)

@@ -127,7 +127,7 @@ class Pipeline(Generic[C]):
         call, view = self._edited(call)
         if view is None:
             return self._finish(call, attempt, self._answer_headers.untouched(call, attempt), hide_usage=False)
-        self._metrics.overflow_errors.labels("first").inc()
+        self._metrics.labelled(self._metrics.overflow_errors, "first").inc()
         journey = await self._begin(call, view)
         await self._stages.shape(journey)
         attempt = await self._react(journey, attempt, stack)
@@ -258,7 +258,7 @@ class Pipeline(Generic[C]):
         self._metrics.overhead_seconds.observe(time.perf_counter() - started - summarising)
         attempt = await self._send(journey, stack)
         if attempt.overflow:
-            self._metrics.overflow_errors.labels("first").inc()
+            self._metrics.labelled(self._metrics.overflow_errors, "first").inc()
         near = attempt.empty_stream and budget.near_window(journey.limits, self._tokens.estimate(journey))
         if attempt.overflow or near:
             attempt = await self._react(journey, attempt, stack)
@@ -275,7 +275,7 @@ class Pipeline(Generic[C]):
             decision = "proactive"
         attempt = await self._forward(call, stack, call.body)
         if attempt.overflow:
-            self._metrics.overflow_errors.labels("first").inc()
+            self._metrics.labelled(self._metrics.overflow_errors, "first").inc()
             decision = "reactive"
             journey.limits = replace(journey.limits, window=min(journey.limits.window, before + journey.limits.reserve))
         headers = {COMPACTION: "none", SHADOW: decision}
@@ -288,7 +288,7 @@ class Pipeline(Generic[C]):
             headers[SHADOW_TOKENS_BEFORE] = str(before)
             headers[SHADOW_TOKENS_AFTER] = str(before - saved)
             self._metrics.shadow_saved_tokens.inc(saved)
-        self._metrics.shadow_decisions.labels(decision).inc()
+        self._metrics.labelled(self._metrics.shadow_decisions, decision).inc()
         if (origin := journey.origin) is not None:
             self._recorder.safely("journal_shadow", lambda: self._recorder.shadow(
                 origin, headers, limits=journey.limits, tokens_before=before))
@@ -315,7 +315,7 @@ class Pipeline(Generic[C]):
             log.warning("retry after compaction failed: %s", error.message)
             retry = None
         if retry is not None and retry.overflow:
-            self._metrics.overflow_errors.labels("retry").inc()
+            self._metrics.labelled(self._metrics.overflow_errors, "retry").inc()
         if retry is None or retry.overflow or retry.empty_stream:
             journey.failed = True
             return first

@@ -63,8 +63,10 @@ def conversation_of(owner: str, backoff_key: str) -> str:
     return event_id("conversation", owner, backoff_key)
 
 
+@lru_cache(maxsize=4096)
 def summary_id(namespace: str, prefix_hash: str) -> str:
-    """The id of the event that made a stored summary: the same on every replica and every reuse of it."""
+    """The id of the event that made a stored summary: the same on every replica and every reuse of it (asked
+    again on every request that reuses it: remembered, as conversation_of is)."""
     return event_id("summary", namespace, prefix_hash)
 
 

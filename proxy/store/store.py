@@ -175,9 +175,10 @@ class MemoryStore:
         # whether the store holds thousands of records or none, not 400 lookups nor an index built per request.
         held = self._hashes.get(namespace)
         hits = held.intersection(chain) if held else set()
-        # Longest first: a few hits are each found in the chain (a scan at C speed), many by one walk of it.
-        longest_first = sorted(hits, key=chain.index, reverse=True) if len(hits) <= _FEW_HITS else \
-            [prefix_hash for prefix_hash in reversed(chain) if prefix_hash in hits]
+        # Longest first: a few hits are each found in the chain (a scan at C speed), many by one walk of it; one
+        # (a conversation that reuses its summary turn after turn) is not looked for: its record says where it is.
+        longest_first = list(hits) if len(hits) < 2 else sorted(hits, key=chain.index, reverse=True) \
+            if len(hits) <= _FEW_HITS else [prefix_hash for prefix_hash in reversed(chain) if prefix_hash in hits]
         for prefix_hash in longest_first:
             record = self._lookup((namespace, prefix_hash))
             if record is not None and record.matches(chain):

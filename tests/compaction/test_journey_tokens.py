@@ -104,3 +104,13 @@ def test_the_estimate_follows_the_calibration() -> None:
         calibration.observe("m", raw, 2 * raw)  # the upstream counts twice as many
     assert tokens.raw_estimate(journey) == raw
     assert tokens.estimate(journey) > 1.5 * raw
+
+
+def test_counts_the_compactor_kept_for_a_stored_summary_are_used_not_counted_again() -> None:
+    _, journey, counter, _ = setup(MESSAGES)
+    stored = record(2)
+    kept = (counter.count_message(stored.replacement[0]),)
+    journey.conversation = Conversation(MESSAGES, journey.history.chain, "ns", stored, kept)
+    counter.passes = 0
+    assert journey.conversation_tokens(counter.count_each) == [*kept, counter.count_message(MESSAGES[2])]
+    assert counter.passes == 0

@@ -109,6 +109,21 @@ async def test_record_whose_length_does_not_line_up_is_never_returned(make_store
     await store.close()
 
 
+@pytest.mark.parametrize(("hash_at", "prefix_len", "found"), [
+    (3, 4, True),  # the one record held, where it belongs
+    (3, 2, False),  # its hash is in the chain, elsewhere than its length says
+    (3, 9, False),  # its length runs past the chain
+])
+async def test_a_lone_record_is_returned_only_where_it_lines_up(make_store: StoreMaker, hash_at: int,
+                                                                 prefix_len: int, found: bool) -> None:
+    store = make_store(FakeClock())
+    chain = hash_chain(history(8), TENANT)
+    record = CompactedPrefix(chain[hash_at], prefix_len, record_for(chain, 2).replacement, 1, 1, "m", 0.0)
+    await store.put(TENANT, record)
+    assert await store.longest_match(TENANT, chain) == (record if found else None)
+    await store.close()
+
+
 async def test_entries_expire_after_ttl(make_store: StoreMaker) -> None:
     clock = FakeClock()
     store = make_store(clock)
