@@ -23,7 +23,7 @@ from proxy.core.calibration import Calibration
 from proxy.core.elision import elide_text
 from proxy.core.messages import Message, is_instruction, is_tool_result, is_user, role, valid_text
 from proxy.core.plan import Plan, plan_compaction, replacement, replacement_applies
-from proxy.core.replacement_counts import ReplacementCounts
+from proxy.core.stored_replacements import StoredReplacements
 from proxy.core.tail_walks import TailWalks
 from proxy.core.tokens import TokenCounter
 from proxy.metrics import Metrics
@@ -58,7 +58,7 @@ class Conversation:
     chain: Sequence[str]
     namespace: str
     record: CompactedPrefix | None = None
-    # The counter's count of each message of the record's replacement, when known (see ReplacementCounts).
+    # The counter's count of each message of the record's replacement, when known (see StoredReplacements).
     replacement_counts: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
     @cached_property
@@ -126,7 +126,7 @@ class Compactor:
         self._flights = flights or LocalFlights(store, metrics.store_errors_counter())
         self._backoff = Backoff()
         self._tail_walks = TailWalks()
-        self._replacement_counts = ReplacementCounts(counter.count_each)
+        self.replacements = StoredReplacements(counter.count_each)
         self._fillers = (
             {"role": "assistant", "content": templates.continuation_note()},
             {"role": "assistant", "content": templates.acknowledgement()},
@@ -163,7 +163,7 @@ class Compactor:
             self._metrics.labelled(self._metrics.reuse_lookups, "miss").inc()
             return plain
         self._metrics.labelled(self._metrics.reuse_lookups, "hit").inc()
-        counts = self._replacement_counts.of((namespace, record.prefix_hash), record.replacement)
+        counts = self.replacements.counts((namespace, record.prefix_hash), record.replacement)
         return Conversation(original, chain, namespace, record, counts)
 
     def _applies(self, original: Sequence[Message], chain: Sequence[str], namespace: str,

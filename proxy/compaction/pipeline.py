@@ -16,6 +16,7 @@ from proxy.compaction import glance
 from proxy.compaction.ahead import Ahead
 from proxy.compaction.answer_headers import AnswerHeaders
 from proxy.compaction.compactor import Compactor, Conversation
+from proxy.compaction.forwarded_body import ForwardedBody
 from proxy.compaction.journey import C, Journey
 from proxy.compaction.journey_tokens import JourneyTokens
 from proxy.compaction.recorder import Origin, Recorder, origin_of
@@ -76,6 +77,7 @@ class Pipeline(Generic[C]):
         self._tokens = JourneyTokens(counter, calibration, self._stages)
         self._ahead = Ahead(settings, dialect, compactor, self._stages, self._tokens)
         self._answer_headers = AnswerHeaders(settings, dialect, metrics, self._recorder, self._tokens)
+        self._forwarded = ForwardedBody(dialect, self._bodies, compactor.replacements, self._tokens)
         self._markers = glance.markers_for(settings, dialect.quick_markers, dialect.uncounted_markers)
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> C:
@@ -364,13 +366,8 @@ class Pipeline(Generic[C]):
         return call.stream and self._settings.compaction.background and not self._dialect.asks_usage(call)
 
     async def _send(self, journey: Journey[C], stack: AsyncExitStack) -> Attempt:
-        call = journey.call
-        body = call.body
-        inject_usage = self._inject_usage(call)
-        if journey.conversation.record is not None or journey.elided or journey.cleared or journey.swapped \
-                or inject_usage:
-            body = self._dialect.forwarded(call, journey.view, self._tokens.messages(journey), ask_usage=inject_usage)
-        return await self._forward(call, stack, body)
+        body = self._forwarded.of(journey, ask_usage=self._inject_usage(journey.call))
+        return await self._forward(journey.call, stack, body)
 
     def _finish(self, call: C, attempt: Attempt, headers: dict[str, str], *, hide_usage: bool,
                 journey: Journey[C] | None = None) -> Answer:

@@ -9,6 +9,7 @@ when the chain says the messages up to there are the same ones: chain[i] fingerp
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ class TailWalks:
         if end > cut:
             self._keep(key, _Walk(cut, end, chain[end - 1], frozenset(called), frozenset(orphans)))
         walk_results(messages[end:], called, orphans)
-        return makes_any_call(messages[:cut], orphans)
+        return makes_any_call(itertools.islice(messages, cut), orphans)  # no copy of the messages before the cut
 
     def _keep(self, key: Hashable, walk: _Walk) -> None:
         self._walks[key] = walk

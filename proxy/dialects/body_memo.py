@@ -116,6 +116,20 @@ class BodyMemo:
             held = self._by_history.get(id(messages))
         return held.keys if held is not None and held.messages is messages else None
 
+    def spliced(self, body: bytes, messages: list[Any], front: bytes, kept_from: int) -> bytes | None:
+        """orjson's encoding of the body's object with its history `messages` (a list this memo read from that very
+        body) replaced by the messages `front` encodes (orjson's, comma-separated, no brackets: a stored summary's
+        replacement) and then `messages[kept_from:]`, those copied from the body's bytes. On a reuse hit that is what
+        is forwarded, and encoding it whole cost as much again as the rest of the splice. None when the memo does not
+        hold the body's spans, or no message is kept."""
+        with self._lock:
+            held = self._by_history.get(id(messages))
+        if held is None or held.messages is not messages or held.body is not body or not front or \
+                not 0 < kept_from < len(messages):
+            return None
+        view = memoryview(body)  # each piece copied once, into the result
+        return b"".join((view[:held.starts[0]], front, b",", view[held.starts[kept_from]:]))
+
     def _bucket_of(self, body: bytes, key: str) -> int:
         """Which remembered bodies to compare with: those whose history opens with the same bytes."""
         start = max(body.find(orjson.dumps(key) + b":[", 0, _HEAD_BYTES), 0)

@@ -53,6 +53,7 @@ class ChatDialect:
     quick_markers: tuple[bytes, ...] | None = ()  # nothing in a body asks the proxy for anything
     uncounted_markers: tuple[bytes, ...] = (b'"image_url"', b'"input_audio"', b'"file"')
     history_key = "messages"
+    forwards_history_as_read = True
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str,
               payload: dict[str, Any] | None = None) -> ChatCall:

@@ -34,6 +34,9 @@ class Dialect(AnswerReader, Protocol[CallT]):
     uncounted_markers: tuple[bytes, ...]
     # The body's field that holds the history ("messages", "input"): where a resent history is found in its bytes.
     history_key: str
+    # Whether the history's values are the neutral messages themselves and `forwarded` is the body's object with
+    # that list replaced, nothing else changed (chat): a forwarded body may then be spliced from the client's bytes.
+    forwards_history_as_read: bool
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str,
               payload: dict[str, Any] | None = None) -> CallT:

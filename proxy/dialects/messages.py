@@ -115,6 +115,7 @@ class MessagesDialect:
     quick_markers: tuple[bytes, ...] | None = (b'"compaction', b'"context_management"')
     uncounted_markers: tuple[bytes, ...] = (b'"image"', b'"document"')
     history_key = "messages"
+    forwards_history_as_read = False
 
     def __init__(self, *, upstream_manages_context: bool = False) -> None:
         self.upstream_manages_context = upstream_manages_context

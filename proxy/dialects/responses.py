@@ -87,6 +87,7 @@ class ResponsesDialect:
         b'"compaction', b'"context_management"', b'"truncation"', b'"previous_response_id"', b'"conversation"')
     uncounted_markers: tuple[bytes, ...] = (b'"input_image"', b'"input_file"', b'"input_audio"')
     history_key = "input"
+    forwards_history_as_read = False
 
     def __init__(self, *, upstream_compacts: bool = False) -> None:
         # The upstream runs OpenAI's compaction itself (OpenAI's own API): requests asking for it are its to serve.

@@ -289,3 +289,58 @@ def test_a_body_read_twice_in_a_row_is_read_once_and_handed_out_twice_at_most() 
     assert other is not again and other == glanced
     last = bodies.read(body, "messages")
     assert bodies.read(body, "input") is not last  # a reading for one field is not one for another
+
+
+def spliced_as_encoded(bodies: BodyMemo, body: bytes, front: list[Any], kept_from: int) -> bytes | None:
+    """The memo's splice of `body` (read through it), checked against encoding the spliced object whole."""
+    payload = bodies.read(body, "messages")
+    messages = payload["messages"]
+    spliced = bodies.spliced(body, messages, orjson.dumps(front)[1:-1], kept_from)
+    if spliced is not None:
+        assert spliced == orjson.dumps({**payload, "messages": [*front, *messages[kept_from:]]})
+    return spliced
+
+
+@pytest.mark.parametrize("fields", [{}, {"stream": True, "tools": [{"type": "function"}]}], ids=["bare", "fields"])
+@pytest.mark.parametrize("kept_from", [1, 7, 19])
+def test_a_summary_spliced_into_the_bytes_is_the_spliced_object_encoded(fields: dict[str, Any],
+                                                                        kept_from: int) -> None:
+    bodies, history = memo(), [message(index) for index in range(20)]
+    summary = [{"role": "user", "content": "the summary: \u00e9\u4e2d \"quoted\""},
+               {"role": "assistant", "content": "ok"}]
+    assert spliced_as_encoded(bodies, body_of(history, **fields), summary, kept_from) is not None
+    grown = body_of([*history, message(20)], **fields)  # read from the remembered body: spliced as well
+    assert spliced_as_encoded(bodies, grown, summary, kept_from) is not None
+
+
+def test_no_splice_without_the_memos_spans_or_anything_kept() -> None:
+    bodies, history = memo(), [message(index) for index in range(20)]
+    body = body_of(history)
+    messages = bodies.read(body, "messages")["messages"]
+    front = orjson.dumps([{"role": "user", "content": "summary"}])[1:-1]
+    assert bodies.spliced(body, messages, front, 5) is not None
+    assert bodies.spliced(bytes(bytearray(body)), messages, front, 5) is None  # equal bytes, not the body it read
+    assert bodies.spliced(body, list(messages), front, 5) is None  # a list it did not read
+    assert bodies.spliced(body, messages, b"", 5) is None  # nothing in front
+    for kept_from in (0, len(messages), len(messages) + 1, -1):
+        assert bodies.spliced(body, messages, front, kept_from) is None
+    spaced = json.dumps({"model": "m", "messages": history}).encode()  # not orjson's spelling: not remembered
+    assert bodies.spliced(spaced, bodies.read(spaced, "messages")["messages"], front, 5) is None
+    small = memo(min_bytes=len(body) + 1)  # read whole, not remembered
+    assert small.spliced(body, small.read(body, "messages")["messages"], front, 5) is None
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(_MESSAGE, min_size=2, max_size=8), st.lists(_MESSAGE, min_size=1, max_size=3),
+       st.dictionaries(st.sampled_from(["stream", "tools", "model"]), _VALUE), st.data())
+def test_any_splice_is_the_spliced_object_encoded(history: list[Any], front: list[Any], fields: dict[str, Any],
+                                                  data: st.DataObject) -> None:
+    bodies = memo(min_bytes=0)
+    try:
+        body = orjson.dumps({**fields, "messages": history})
+        orjson.dumps(front)
+    except orjson.JSONEncodeError:
+        return  # an integer orjson cannot write: such a body is read whole and never spliced
+    kept_from = data.draw(st.integers(1, len(history) - 1))
+    spliced = spliced_as_encoded(bodies, body, front, kept_from)
+    event(f"spliced: {spliced is not None}")

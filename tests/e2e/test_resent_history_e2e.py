@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
 import openai
+import orjson
 import pytest
 
 from proxy.http.appkeys import RUNTIME
@@ -15,6 +17,7 @@ from tests.fakes.messages_agent import anthropic_client
 from tests.fakes.messages_model import MessagesModel
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.responses_model import ResponsesModel
+from tests.fakes.windowed import WindowedModel
 
 WINDOW = 400_000  # no compaction: every body is read whole, and forwarded as it came
 TURNS = 4
@@ -89,3 +92,39 @@ async def test_responses_through_the_openai_sdk(fake: FakeUpstream, make_proxy: 
         await client.responses.create(model="fake-model", input=items)
         assert model.received[-1]["input"] == items
     assert memo_reused(proxy) == TURNS - 1
+
+
+async def test_a_reused_summary_goes_upstream_spliced_into_the_clients_bytes(fake: FakeUpstream,
+                                                                             make_proxy: ProxyFactory) -> None:
+    """Past the threshold the first turn is summarised; the next ones reuse the summary, and what the upstream gets
+    is made of the client's own bytes after the summary's cut: byte for byte the compact JSON of the client's object
+    with the summary's messages and its kept ones in place of its history, every other field where it was."""
+    window = 65_536
+    model = WindowedModel(window=window)
+    fake.chat_hook = model
+    proxy = await make_proxy({**CONFIG, "models": {"default": {"context_window": window}}})
+
+    def body(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"model": "fake-model", "temperature": 0.5, "messages": messages, "user": "someone"}
+
+    messages = history(0)
+    async with aiohttp.ClientSession() as client:
+        async def turn(messages: list[dict[str, Any]]) -> str:
+            async with client.post(f"{proxy.url}/v1/chat/completions", data=orjson.dumps(body(messages)),
+                                   headers={"Content-Type": "application/json"}) as answer:
+                assert answer.status == 200, await answer.text()
+                return answer.headers["x-compaction"]
+
+        assert await turn(messages) == "proactive"
+        compacted = fake.requests[-1].json()["messages"]
+        kept = next(len(messages) - index for index in range(len(messages))
+                    if compacted[len(compacted) - (len(messages) - index):] == messages[index:])
+        replacement = compacted[:len(compacted) - kept]
+        cut = len(messages) - kept
+        for number in range(1, 3):
+            messages = [*messages, {"role": "assistant", "content": f"answer {number}"},
+                        {"role": "user", "content": f"question {number}: é, \"quoted\""}]
+            assert await turn(messages) == "reused"
+            assert fake.requests[-1].body == orjson.dumps(body([*replacement, *messages[cut:]]))
+    assert len(model.summarizer_calls) == 1
+    assert memo_reused(proxy) == 2

@@ -1,13 +1,14 @@
-"""core.replacement_counts: a stored replacement is counted once while it is the same object, by its record's key."""
+"""core.stored_replacements: a stored replacement is counted and encoded once while it is the same object."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import orjson
 import pytest
 
 from proxy.core.messages import Message
-from proxy.core.replacement_counts import ReplacementCounts
+from proxy.core.stored_replacements import StoredReplacements
 
 
 class Counting:
@@ -27,8 +28,8 @@ KEY = ("tenant", "abc")
 
 def test_the_same_replacement_is_counted_once() -> None:
     count = Counting()
-    counts = ReplacementCounts(count)
-    assert [counts.of(KEY, SUMMARY) for _ in range(5)] == [(11, 2)] * 5
+    stored = StoredReplacements(count)
+    assert [stored.counts(KEY, SUMMARY) for _ in range(5)] == [(11, 2)] * 5
     assert count.asked == [SUMMARY]
 
 
@@ -42,50 +43,70 @@ def test_the_same_replacement_is_counted_once() -> None:
 def test_a_replacement_is_counted_again_unless_key_and_object_are_the_same(
         second_key: tuple[str, str], second: tuple[Message, ...], counted: int) -> None:
     count = Counting()
-    counts = ReplacementCounts(count)
-    counts.of(KEY, SUMMARY)
-    assert counts.of(second_key, second) == tuple(len(str(message["content"])) for message in second)
+    stored = StoredReplacements(count)
+    stored.counts(KEY, SUMMARY)
+    assert stored.counts(second_key, second) == tuple(len(str(message["content"])) for message in second)
     assert len(count.asked) == counted
+
+
+def test_the_encoding_is_orjsons_without_brackets_made_once_and_made_again_for_a_new_replacement() -> None:
+    stored = StoredReplacements(Counting())
+    first = stored.encoded(KEY, SUMMARY)
+    assert first == orjson.dumps(list(SUMMARY))[1:-1]
+    assert stored.encoded(KEY, SUMMARY) is first  # kept, not made again
+    newer = ({"role": "user", "content": "newer"},)
+    assert stored.encoded(KEY, newer) == orjson.dumps(list(newer))[1:-1]
+
+
+def test_a_replacement_orjson_refuses_has_no_encoding_and_keeps_its_counts() -> None:
+    count = Counting()
+    stored = StoredReplacements(count)
+    lone = ({"role": "user", "content": "half a pair: \ud800"},)
+    assert stored.encoded(KEY, lone) is None
+    assert stored.encoded(KEY, lone) is None
+    assert stored.counts(KEY, lone) == (len(lone[0]["content"]),)
+    assert len(count.asked) == 1
 
 
 def test_a_key_holds_its_latest_replacement_only() -> None:
     count = Counting()
-    counts = ReplacementCounts(count)
+    stored = StoredReplacements(count)
     newer = ({"role": "user", "content": "newer"},)
-    counts.of(KEY, SUMMARY)
-    counts.of(KEY, newer)
-    assert len(counts) == 1
-    counts.of(KEY, newer)
+    stored.counts(KEY, SUMMARY)
+    stored.counts(KEY, newer)
+    assert len(stored) == 1
+    stored.counts(KEY, newer)
     assert len(count.asked) == 2
 
 
 def test_it_holds_at_most_size_records_and_lets_the_least_recent_go() -> None:
     count = Counting()
-    counts = ReplacementCounts(count, size=2)
+    stored = StoredReplacements(count, size=2)
     first, second, third = ("t", "1"), ("t", "2"), ("t", "3")
-    counts.of(first, SUMMARY)
-    counts.of(second, SUMMARY)
-    counts.of(first, SUMMARY)  # used again: the second is now the least recent
-    counts.of(third, SUMMARY)
-    assert len(counts) == 2
+    stored.counts(first, SUMMARY)
+    stored.encoded(second, SUMMARY)
+    stored.counts(first, SUMMARY)  # used again: the second is now the least recent
+    stored.counts(third, SUMMARY)
+    assert len(stored) == 2
     asked = len(count.asked)
-    counts.of(first, SUMMARY)
+    stored.counts(first, SUMMARY)
     assert len(count.asked) == asked  # kept
-    counts.of(second, SUMMARY)
+    stored.counts(second, SUMMARY)
     assert len(count.asked) == asked + 1  # let go, counted again
 
 
-def test_interleaved_conversations_each_keep_their_counts() -> None:
+def test_interleaved_conversations_each_keep_their_own() -> None:
     count = Counting()
-    counts = ReplacementCounts(count)
+    stored = StoredReplacements(count)
     summaries = {("t", str(n)): ({"role": "user", "content": "x" * n},) for n in range(1, 9)}
     for _ in range(3):
         for key, replacement in summaries.items():
-            assert counts.of(key, replacement) == (int(key[1]),)
+            assert stored.counts(key, replacement) == (int(key[1]),)
+            assert stored.encoded(key, replacement) == orjson.dumps(list(replacement))[1:-1]
     assert len(count.asked) == len(summaries)
 
 
 @pytest.mark.parametrize("size", [0, -1])
 def test_a_size_below_one_is_refused(size: int) -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        ReplacementCounts(Counting(), size=size)
+        StoredReplacements(Counting(), size=size)
