@@ -56,7 +56,9 @@ async def make_proxy(fake: FakeUpstream) -> AsyncIterator[ProxyFactory]:
     yield start
     for server in running:
         # The memo's remembered values are shared between requests: no path the test took may have changed one.
-        assert server.app[RUNTIME].shared.bodies.intact(), "a remembered request value was changed in place"
+        shared = server.app[RUNTIME].shared
+        assert shared.bodies.intact(), "a remembered request value was changed in place"
+        assert shared.replacements.intact(shared.counter.count_each), "a stored summary's message changed in place"
         await server.stop()
 
 

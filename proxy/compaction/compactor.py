@@ -113,7 +113,8 @@ class Flight:
 class Compactor:
     def __init__(self, settings: Settings, store: SummaryStore, counter: TokenCounter, templates: Templates,
                  metrics: Metrics, model_factory: ModelFactory, calibration: Calibration | None = None,
-                 flights: Flights | None = None, recorder: Recorder | None = None) -> None:
+                 flights: Flights | None = None, recorder: Recorder | None = None,
+                 replacements: StoredReplacements | None = None) -> None:
         self._settings = settings
         self._summary_seconds: float | None = None
         self._recorder = recorder or Recorder(None)
@@ -126,7 +127,7 @@ class Compactor:
         self._flights = flights or LocalFlights(store, metrics.store_errors_counter())
         self._backoff = Backoff()
         self._tail_walks = TailWalks()
-        self.replacements = StoredReplacements(counter.count_each)
+        self.replacements = replacements or StoredReplacements()
         self._fillers = (
             {"role": "assistant", "content": templates.continuation_note()},
             {"role": "assistant", "content": templates.acknowledgement()},
@@ -163,7 +164,7 @@ class Compactor:
             self._metrics.labelled(self._metrics.reuse_lookups, "miss").inc()
             return plain
         self._metrics.labelled(self._metrics.reuse_lookups, "hit").inc()
-        counts = self.replacements.counts((namespace, record.prefix_hash), record.replacement)
+        counts = self.replacements.counts((namespace, record.prefix_hash), record.replacement, self._counter.count_each)
         return Conversation(original, chain, namespace, record, counts)
 
     def _applies(self, original: Sequence[Message], chain: Sequence[str], namespace: str,

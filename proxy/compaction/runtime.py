@@ -22,6 +22,7 @@ from proxy.config import Settings
 from proxy.core.calibration import Calibration
 from proxy.core.fingerprint import HASH_ERRORS
 from proxy.core.history_index import HistoryIndex
+from proxy.core.stored_replacements import StoredReplacements
 from proxy.core.tokens import TokenCounter
 from proxy.dialects.body_memo import BodyMemo
 from proxy.dialects.catalog import DIALECTS, fallback, serving
@@ -77,7 +78,8 @@ class TrackedFlights:
 class Shared:
     """What outlives a reload: the upstream session and pool, the store and its flights, the metrics, the token
     counter, what calibration learned about each model's tokenizer, the index of messages seen lately, the large
-    bodies read lately, and the compaction journal's recorder."""
+    bodies read lately, the compaction journal's recorder, and what stored summaries' replacements count and
+    encode to."""
 
     session: aiohttp.ClientSession
     store: SummaryStore
@@ -88,6 +90,7 @@ class Shared:
     history: HistoryIndex
     recorder: Recorder = field(default_factory=lambda: Recorder(None))
     bodies: BodyMemo = field(default_factory=BodyMemo)
+    replacements: StoredReplacements = field(default_factory=StoredReplacements)
 
 
 class Runtime:
@@ -177,7 +180,7 @@ def build_runtime(settings: Settings, shared: Shared, templates: Templates) -> R
 
     summarizer_model = model_clients(summarizer_config.structured_output)
     compactor = Compactor(settings, shared.store, counter, templates, metrics, summarizer_model, calibration,
-                          shared.flights, shared.recorder)
+                          shared.flights, shared.recorder, shared.replacements)
 
     # Pair summaries are a list of short texts, never the whole-history summary's schema: plain requests.
     pair_model = model_clients("off")

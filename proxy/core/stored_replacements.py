@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,48 +21,68 @@ DEFAULT_SIZE = 64
 @dataclass(slots=True)
 class _Held:
     replacement: Sequence[Message]
-    counts: tuple[int, ...]
+    counts: tuple[int, ...] | None = None
     encoded: bytes | None = None  # b"" once orjson refused it
 
 
 class StoredReplacements:
-    """A record's replacement counted (`count_each`) and encoded, remembered by the record's key while the
-    replacement is the same object: every request of an agent loop after a summary splices in the same stored
-    replacement. Keying its messages again for the counter's cache cost such a request about 20 µs (a 38-message
-    replacement), and encoding the forwarded body whole about 40. A store that decodes each record anew gives a new
-    object each time, which is worked out again as before. The messages are read-only, as every message the proxy
-    holds is."""
+    """A record's replacement counted and encoded, remembered by the record's key while the replacement is the same
+    object: every request of an agent loop after a summary splices in the same stored replacement. Keying its
+    messages again for the counter's cache cost such a request about 20 µs (a 38-message replacement), and encoding
+    the forwarded body whole about 40. A store that decodes each record anew gives a new object each time, which is
+    worked out again as before.
 
-    def __init__(self, count_each: CountEach, size: int = DEFAULT_SIZE) -> None:
+    One per process, beside the token counter every caller counts with, so what it holds outlives a reload. The
+    messages are shared, so nothing may change them in place (the proxy builds every edit anew); the test suite asks
+    `intact()` of every proxy it ran, as it asks the body memo."""
+
+    def __init__(self, size: int = DEFAULT_SIZE) -> None:
         if size < 1:
             raise ValueError("size must be at least 1")
-        self._count_each = count_each
         self._size = size
         self._held: OrderedDict[tuple[str, str], _Held] = OrderedDict()
+        self._lock = threading.Lock()
 
-    def counts(self, key: tuple[str, str], replacement: Sequence[Message]) -> tuple[int, ...]:
-        """`count_each` of `replacement`, stored under `key` (a namespace and prefix hash)."""
-        return self._entry(key, replacement).counts
+    def counts(self, key: tuple[str, str], replacement: Sequence[Message], count_each: CountEach) -> tuple[int, ...]:
+        """`count_each` of `replacement` (the process's one counter's), stored under `key` (a namespace and prefix
+        hash)."""
+        held = self._entry(key, replacement)
+        if held.counts is None:
+            held.counts = tuple(count_each(replacement))
+        return held.counts
 
     def encoded(self, key: tuple[str, str], replacement: Sequence[Message]) -> bytes | None:
         """orjson's encoding of the replacement's messages, comma-separated, without the list's brackets; None when
         orjson refuses one (a lone surrogate: the caller encodes its body the way that spells it)."""
         held = self._entry(key, replacement)
         if held.encoded is None:
-            try:
-                held.encoded = orjson.dumps(list(replacement))[1:-1]
-            except (TypeError, orjson.JSONEncodeError):
-                held.encoded = b""
+            held.encoded = _encoding(replacement)
         return held.encoded or None
 
+    def intact(self, count_each: CountEach) -> bool:
+        """Whether every held replacement still counts and encodes as it did when it was held: False when something
+        changed a stored message in place."""
+        with self._lock:
+            held = list(self._held.values())
+        return all((entry.counts is None or entry.counts == tuple(count_each(entry.replacement))) and
+                   (entry.encoded is None or entry.encoded == _encoding(entry.replacement)) for entry in held)
+
     def _entry(self, key: tuple[str, str], replacement: Sequence[Message]) -> _Held:
-        held = self._held.get(key)
-        if held is None or held.replacement is not replacement:
-            held = self._held[key] = _Held(replacement, tuple(self._count_each(replacement)))
-        self._held.move_to_end(key)
-        while len(self._held) > self._size:
-            self._held.popitem(last=False)
-        return held
+        with self._lock:
+            held = self._held.get(key)
+            if held is None or held.replacement is not replacement:
+                held = self._held[key] = _Held(replacement)
+            self._held.move_to_end(key)
+            while len(self._held) > self._size:
+                self._held.popitem(last=False)
+            return held
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+def _encoding(replacement: Sequence[Message]) -> bytes:
+    try:
+        return orjson.dumps(list(replacement))[1:-1]
+    except (TypeError, orjson.JSONEncodeError):
+        return b""

@@ -56,7 +56,7 @@ class Setup:
         self.journey: Journey[ChatCall] = Journey(
             self.call, View(messages), Conversation(messages, history.chain, "ns", record),
             Limits(window=100_000, threshold=0.8, target=0.5, reserve=0), history, 5)
-        self.stored = StoredReplacements(counter.count_each)
+        self.stored = StoredReplacements()
         self.tokens = JourneyTokens(counter, calibration,
                                     ToolStages(settings_from_mapping({}, env={}), counter, calibration, None))
         self.forwarded = ForwardedBody(self.dialect, self.memo, self.stored, self.tokens)

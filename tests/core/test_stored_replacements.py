@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import orjson
@@ -27,9 +28,8 @@ KEY = ("tenant", "abc")
 
 
 def test_the_same_replacement_is_counted_once() -> None:
-    count = Counting()
-    stored = StoredReplacements(count)
-    assert [stored.counts(KEY, SUMMARY) for _ in range(5)] == [(11, 2)] * 5
+    count, stored = Counting(), StoredReplacements()
+    assert [stored.counts(KEY, SUMMARY, count) for _ in range(5)] == [(11, 2)] * 5
     assert count.asked == [SUMMARY]
 
 
@@ -42,15 +42,14 @@ def test_the_same_replacement_is_counted_once() -> None:
 ])
 def test_a_replacement_is_counted_again_unless_key_and_object_are_the_same(
         second_key: tuple[str, str], second: tuple[Message, ...], counted: int) -> None:
-    count = Counting()
-    stored = StoredReplacements(count)
-    stored.counts(KEY, SUMMARY)
-    assert stored.counts(second_key, second) == tuple(len(str(message["content"])) for message in second)
+    count, stored = Counting(), StoredReplacements()
+    stored.counts(KEY, SUMMARY, count)
+    assert stored.counts(second_key, second, count) == tuple(len(str(message["content"])) for message in second)
     assert len(count.asked) == counted
 
 
 def test_the_encoding_is_orjsons_without_brackets_made_once_and_made_again_for_a_new_replacement() -> None:
-    stored = StoredReplacements(Counting())
+    stored = StoredReplacements()
     first = stored.encoded(KEY, SUMMARY)
     assert first == orjson.dumps(list(SUMMARY))[1:-1]
     assert stored.encoded(KEY, SUMMARY) is first  # kept, not made again
@@ -58,55 +57,91 @@ def test_the_encoding_is_orjsons_without_brackets_made_once_and_made_again_for_a
     assert stored.encoded(KEY, newer) == orjson.dumps(list(newer))[1:-1]
 
 
+def test_encoding_and_counts_are_kept_together() -> None:
+    count, stored = Counting(), StoredReplacements()
+    encoded = stored.encoded(KEY, SUMMARY)
+    stored.counts(KEY, SUMMARY, count)
+    assert stored.encoded(KEY, SUMMARY) is encoded and len(stored) == 1 and len(count.asked) == 1
+
+
 def test_a_replacement_orjson_refuses_has_no_encoding_and_keeps_its_counts() -> None:
-    count = Counting()
-    stored = StoredReplacements(count)
+    count, stored = Counting(), StoredReplacements()
     lone = ({"role": "user", "content": "half a pair: \ud800"},)
     assert stored.encoded(KEY, lone) is None
     assert stored.encoded(KEY, lone) is None
-    assert stored.counts(KEY, lone) == (len(lone[0]["content"]),)
+    assert stored.counts(KEY, lone, count) == (len(lone[0]["content"]),)
     assert len(count.asked) == 1
+    assert stored.intact(count)
 
 
 def test_a_key_holds_its_latest_replacement_only() -> None:
-    count = Counting()
-    stored = StoredReplacements(count)
+    count, stored = Counting(), StoredReplacements()
     newer = ({"role": "user", "content": "newer"},)
-    stored.counts(KEY, SUMMARY)
-    stored.counts(KEY, newer)
+    stored.counts(KEY, SUMMARY, count)
+    stored.counts(KEY, newer, count)
     assert len(stored) == 1
-    stored.counts(KEY, newer)
+    stored.counts(KEY, newer, count)
     assert len(count.asked) == 2
 
 
 def test_it_holds_at_most_size_records_and_lets_the_least_recent_go() -> None:
-    count = Counting()
-    stored = StoredReplacements(count, size=2)
+    count, stored = Counting(), StoredReplacements(size=2)
     first, second, third = ("t", "1"), ("t", "2"), ("t", "3")
-    stored.counts(first, SUMMARY)
-    stored.encoded(second, SUMMARY)
-    stored.counts(first, SUMMARY)  # used again: the second is now the least recent
-    stored.counts(third, SUMMARY)
+    stored.counts(first, SUMMARY, count)
+    stored.counts(second, SUMMARY, count)
+    stored.counts(first, SUMMARY, count)  # used again: the second is now the least recent
+    stored.counts(third, SUMMARY, count)
     assert len(stored) == 2
     asked = len(count.asked)
-    stored.counts(first, SUMMARY)
+    stored.counts(first, SUMMARY, count)
     assert len(count.asked) == asked  # kept
-    stored.counts(second, SUMMARY)
+    stored.counts(second, SUMMARY, count)
     assert len(count.asked) == asked + 1  # let go, counted again
 
 
 def test_interleaved_conversations_each_keep_their_own() -> None:
-    count = Counting()
-    stored = StoredReplacements(count)
+    count, stored = Counting(), StoredReplacements()
     summaries = {("t", str(n)): ({"role": "user", "content": "x" * n},) for n in range(1, 9)}
     for _ in range(3):
         for key, replacement in summaries.items():
-            assert stored.counts(key, replacement) == (int(key[1]),)
+            assert stored.counts(key, replacement, count) == (int(key[1]),)
             assert stored.encoded(key, replacement) == orjson.dumps(list(replacement))[1:-1]
     assert len(count.asked) == len(summaries)
+
+
+def test_threads_asking_at_once_each_get_the_counts_and_the_bound_holds() -> None:
+    count, stored = Counting(), StoredReplacements(size=4)
+    summaries = [(("t", str(n)), ({"role": "user", "content": "x" * n},)) for n in range(1, 9)]
+    wrong: list[str] = []
+
+    def ask() -> None:
+        for _ in range(50):
+            for key, replacement in summaries:
+                if stored.counts(key, replacement, count) != (int(key[1]),):
+                    wrong.append(key[1])
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not wrong and len(stored) == 4
+
+
+@pytest.mark.parametrize("change", ["content", "added key", "none"])
+def test_intact_tells_a_held_message_changed_in_place(change: str) -> None:
+    count, stored = Counting(), StoredReplacements()
+    replacement = ({"role": "user", "content": "the summary"},)
+    stored.counts(KEY, replacement, count)
+    stored.encoded(KEY, replacement)
+    if change == "content":
+        replacement[0]["content"] = "the summary, edited"
+    elif change == "added key":
+        replacement[0]["name"] = "x"
+    assert stored.intact(count) is (change == "none")
 
 
 @pytest.mark.parametrize("size", [0, -1])
 def test_a_size_below_one_is_refused(size: int) -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        StoredReplacements(Counting(), size=size)
+        StoredReplacements(size=size)
