@@ -36,7 +36,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.soak_load import MIB, SERVER_LIMITS, Load, Tally, gzip_bomb, warm_up, worker_tasks
+from bench.soak_load import MIB, SERVER_LIMITS, Load, Tally, connection_trace, gzip_bomb, warm_up, worker_tasks
 from bench.soak_report import Report, check, render
 from bench.soak_upstream import WINDOW, Upstream, forget_periodically, serve_upstream
 from bench.soak_watch import Samples, probe_health, proc_status, sample_resources, settle_fds
@@ -132,12 +132,15 @@ async def _drive(proxy: ProxyProcess, upstream: Upstream, seconds: float, seed: 
     started = time.monotonic()
     deadline = started + seconds
     tally, samples = Tally(), Samples()
-    # Idle connections are kept for half the keep-alive the soak asks of the server (a proxy that does not know the
-    # setting keeps its longer default): a request sent on one the server is closing at that moment ends in
-    # ServerDisconnectedError (the keep-alive race any HTTP client meets, which SDKs retry), and the soak counts what
-    # the proxy does, not the race.
-    connector = aiohttp.TCPConnector(limit=64, keepalive_timeout=SERVER_LIMITS["keepalive_timeout"] / 2)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    # Idle connections are kept for a quarter of the keep-alive the soak asks of the server (a proxy that does not
+    # know the setting keeps its longer default): a request sent on one the server is closing at that moment ends in
+    # ServerDisconnectedError or a reset (the keep-alive race any HTTP client meets, which SDKs retry), and the soak
+    # counts what the proxy does, not the race. The server's clock starts when it has written an answer, the
+    # client's when it has read it, and this process (the test's, its heap the whole suite's) can be stopped in
+    # between. At half the keep-alive one reasoning stream of 542 met a reset, on a machine running the suite three
+    # times at once; the client errors line says which connection a failed request went on.
+    connector = aiohttp.TCPConnector(limit=64, keepalive_timeout=SERVER_LIMITS["keepalive_timeout"] / 4)
+    async with aiohttp.ClientSession(connector=connector, trace_configs=[connection_trace()]) as session:
         load = Load(proxy.url, session, tally, deadline, random.Random(seed), await asyncio.to_thread(gzip_bomb))
         janitor = asyncio.create_task(forget_periodically(upstream, deadline))
         prober = asyncio.create_task(probe_health(proxy.port, seconds))

@@ -34,10 +34,18 @@ class Tally:
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
     compaction: Counter[str] = field(default_factory=Counter)
     close_seconds: dict[str, list[float]] = field(default_factory=dict)
+    # A request that ended in a client error, as it ended: the error's words and whether its connection was a pooled
+    # one (a request sent on a connection the server is closing at that moment meets keep-alive's race).
+    errors: Counter[str] = field(default_factory=Counter)
 
     def count(self, kind: str, outcome: str) -> None:
         self.requests[kind] += 1
         self.outcomes[(kind, outcome)] += 1
+
+    def error(self, kind: str, error: BaseException, connection: str) -> str:
+        """Counts a request that ended in `error`; returns its outcome (the error's type)."""
+        self.errors[f"{kind}: {type(error).__name__}: {str(error)[:120]} ({connection} connection)"] += 1
+        return type(error).__name__
 
 
 @dataclass
@@ -77,17 +85,31 @@ async def status_of(request: contextlib.AbstractAsyncContextManager[aiohttp.Clie
 
 async def chat(load: Load, kind: str, body: dict[str, Any]) -> None:
     """One chat request; a stream must end with [DONE], anything else is counted as what it was."""
+    told: dict[str, str] = {}  # CONNECTION_TRACE says which connection the request went on
     try:
-        async with load.session.post(f"{load.url}/v1/chat/completions", json=body,
-                                     timeout=REQUEST_TIMEOUT) as response:
+        async with load.session.post(f"{load.url}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT,
+                                     trace_request_ctx=told) as response:
             payload = await response.read()
             outcome = str(response.status)
             if response.status == 200 and body.get("stream") and not payload.rstrip().endswith(b"data: [DONE]"):
                 outcome = "200-truncated"
             load.tally.compaction[response.headers.get("x-compaction", "-")] += 1
     except (aiohttp.ClientError, TimeoutError) as error:
-        outcome = type(error).__name__
+        outcome = load.tally.error(kind, error, told.get("connection", "no"))
     load.tally.count(kind, outcome)
+
+
+async def _told(connection: str, context: Any) -> None:
+    if isinstance(context.trace_request_ctx, dict):
+        context.trace_request_ctx["connection"] = connection
+
+
+def connection_trace() -> aiohttp.TraceConfig:
+    """Tells a request's `trace_request_ctx` (a dict) whether its connection was pooled or new."""
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(lambda session, context, params: _told("a pooled", context))
+    trace.on_connection_create_end.append(lambda session, context, params: _told("a new", context))
+    return trace
 
 
 async def conversations(load: Load, worker: int, *, stream: bool) -> None:

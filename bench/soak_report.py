@@ -156,6 +156,8 @@ def render(report: Report) -> str:
                                           for (kind, outcome), count in sorted(report.tally.outcomes.items())))
     lines.append("x-compaction: " + ", ".join(f"{value} {count}" for value, count in report.tally.compaction.items())
                  + f"; summariser calls {report.upstream.summaries}")
+    for error, count in report.tally.errors.most_common(5):
+        lines.append(f"client error: {count} x {error}")
     for kind, seconds in sorted(report.tally.close_seconds.items()):
         lines.append(f"{kind}: dropped after median {statistics.median(seconds):.2f}s, max {max(seconds):.2f}s")
     lines.append(f"slow upstream streams: {report.upstream.slow_started} started, {report.upstream.slow_abandoned} "

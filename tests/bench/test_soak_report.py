@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import aiohttp
 import pytest
 
 from bench.soak_load import Tally
@@ -86,3 +87,14 @@ def test_a_failed_probe_still_fails_the_soak() -> None:
     run = report(FAST)
     run.health[10] = [1.0, None, "ConnectionResetError"]
     assert check(run) == ["1 /healthz probe(s) failed: Counter({'ConnectionResetError': 1})"]
+
+
+def test_the_figures_tell_each_client_error_as_it_ended() -> None:
+    run = report(FAST)
+    run.tally.count("reasoning", run.tally.error("reasoning", aiohttp.ClientOSError(104, "Connection reset by peer"),
+                                                 "a pooled"))
+    run.failures = check(run)
+    text = render(run)
+    assert "client error: 1 x reasoning: ClientOSError: [Errno 104] Connection reset by peer (a pooled connection)" \
+        in text
+    assert run.failures == ["1 reasoning request(s) ended 'ClientOSError', expected ['200']"]
