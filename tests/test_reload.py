@@ -290,14 +290,19 @@ async def test_every_refusal_is_logged_past_the_repeat_limit(tmp_path: Path, fak
         assert await reloads(proxy) == {"refused": BURST + 3}
 
 
-async def health_checks(proxy: ProxyProcess, done: asyncio.Event) -> list[int]:
-    """/healthz, one request after another, until `done`; each answer's status."""
+async def health_checks(proxy: ProxyProcess, answering: asyncio.Event, done: asyncio.Event) -> list[int]:
+    """/healthz, one request after another, `answering` set at the first answer, until `done` and once more; each
+    answer's status. A reload refused unread is over in a moment: under load the first check could otherwise start
+    after it, and the last one end before it."""
     statuses = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        while not done.is_set():
+        while True:
+            finished = done.is_set()
             async with session.get(f"{proxy.base}/healthz") as answer:
                 statuses.append(answer.status)
-    return statuses
+            answering.set()
+            if finished:
+                return statuses
 
 
 async def test_a_huge_file_is_refused_unread_while_health_checks_answer(tmp_path: Path,
@@ -310,8 +315,9 @@ async def test_a_huge_file_is_refused_unread_while_health_checks_answer(tmp_path
         for _ in range(30):
             file.write("#" + "x" * (1024 * 1024 - 2) + "\n")
     async with proxy_process(tmp_path, config) as proxy:
-        done = asyncio.Event()
-        checking = asyncio.ensure_future(health_checks(proxy, done))
+        answering, done = asyncio.Event(), asyncio.Event()
+        checking = asyncio.ensure_future(health_checks(proxy, answering, done))
+        await asyncio.wait_for(answering.wait(), 60)
         huge.replace(config)
         proxy.signal(signal.SIGHUP)
         output = await proxy.wait_for_log("config reload (SIGHUP) refused, keeping the running config")
