@@ -85,7 +85,7 @@ async def status_of(request: contextlib.AbstractAsyncContextManager[aiohttp.Clie
 
 async def chat(load: Load, kind: str, body: dict[str, Any]) -> None:
     """One chat request; a stream must end with [DONE], anything else is counted as what it was."""
-    told: dict[str, str] = {}  # CONNECTION_TRACE says which connection the request went on
+    told: dict[str, str] = {}  # connection_trace() says which connection the request went on
     try:
         async with load.session.post(f"{load.url}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT,
                                      trace_request_ctx=told) as response:

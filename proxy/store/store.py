@@ -177,8 +177,12 @@ class MemoryStore:
         hits = held.intersection(chain) if held else set()
         # Longest first: a few hits are each found in the chain (a scan at C speed), many by one walk of it; one
         # (a conversation that reuses its summary turn after turn) is not looked for: its record says where it is.
-        longest_first = list(hits) if len(hits) < 2 else sorted(hits, key=chain.index, reverse=True) \
-            if len(hits) <= _FEW_HITS else [prefix_hash for prefix_hash in reversed(chain) if prefix_hash in hits]
+        if len(hits) < 2:
+            longest_first = list(hits)
+        elif len(hits) <= _FEW_HITS:
+            longest_first = sorted(hits, key=chain.index, reverse=True)
+        else:
+            longest_first = [prefix_hash for prefix_hash in reversed(chain) if prefix_hash in hits]
         for prefix_hash in longest_first:
             record = self._lookup((namespace, prefix_hash))
             if record is not None and record.matches(chain):
