@@ -62,6 +62,7 @@ from bench.memory import held_rss, idle_rss, rss_rows
 from bench.processes import BENCH_ROOT, StartFailed, raise_open_files
 from bench.rounds import BenchFailed, once, progress, run_scenario
 from bench.scenarios import SCENARIOS, Measure, Row
+from bench.stores import STORES
 from bench.table import column_order, render
 from bench.targets import Target, fleet
 
@@ -80,6 +81,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--proxy-root", type=Path, action="append", default=[],
                         help="a checkout whose proxy package to run (repeatable; default the one holding bench/)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 5, --quick 2)")
+    parser.add_argument("--store", choices=STORES, default="memory",
+                        help="where the proxies keep their summaries (default memory; redis starts a redis-server)")
     args = parser.parse_args(argv)
     unknown = [name for name in args.only if name not in NAMES]
     if unknown:
@@ -120,10 +123,11 @@ def run(args: argparse.Namespace) -> int:
     roots = [root.resolve() for root in args.proxy_root] or [BENCH_ROOT]
     rounds = args.rounds or (2 if args.quick else 5)
     header = [*machine.header(roots), f"nginx: {nginx.version()}",
-              f"runs: {'--quick' if args.quick else 'default'}, {rounds} round(s)"]
+              f"runs: {'--quick' if args.quick else 'default'}, {rounds} round(s)", f"summary store: {args.store}"]
     raise_open_files()
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-") as scratch, fleet(Path(scratch), roots) as targets:
+    with tempfile.TemporaryDirectory(prefix="bench-") as scratch, \
+            fleet(Path(scratch), roots, store=args.store) as targets:
         load = LoadClient(Path(scratch))
         try:
             rows, raw = measure_all(load, targets, args.only, rounds, args.quick)

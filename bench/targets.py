@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.machine import commit
 from bench.nginx import start_nginx
@@ -22,6 +23,7 @@ from bench.processes import (
     stop,
     wait_proxy,
 )
+from bench.stores import shared_store, store_section
 from tests.ports import free_port
 
 # Context windows by model (each shape of request has its own model): 128k for the small requests, room for the
@@ -52,14 +54,18 @@ class Target:
         return minor_faults(self.child.pid)
 
 
-def proxy_config(upstream_port: int, port: int, compaction: bool) -> str:
-    """Only keys every version of the proxy knows; the rest default (memory store, JSON access log on, INFO)."""
-    return json.dumps({
+def proxy_config(upstream_port: int, port: int, compaction: bool, store: dict[str, Any] | None = None) -> str:
+    """Only keys every version of the proxy knows; the rest default (memory store unless `store`, JSON access log
+    on, INFO)."""
+    config: dict[str, Any] = {
         "server": {"host": "127.0.0.1", "port": port},
         "upstream": {"base_url": f"http://127.0.0.1:{upstream_port}/v1"},
         "compaction": {"enabled": compaction},
         "models": {model: {"context_window": window} for model, window in WINDOWS.items()},
-    }, indent=2)
+    }
+    if store is not None:
+        config["store"] = store
+    return json.dumps(config, indent=2)
 
 
 def column(kind: str, root: Path, several: bool) -> str:
@@ -67,14 +73,17 @@ def column(kind: str, root: Path, several: bool) -> str:
     return f"{name} {root.name}@{commit(root).replace(' dirty', '+')}" if several else name
 
 
-def start_proxies(directory: Path, roots: list[Path], upstream_port: int, children: list[Child]) -> list[Target]:
-    """Two proxies per root, started together (each added to `children` at once), then waited for."""
+def start_proxies(directory: Path, roots: list[Path], upstream_port: int, children: list[Child],
+                  store: str = "memory", redis_url: str | None = None) -> list[Target]:
+    """Two proxies per root, started together (each added to `children` at once), then waited for; each keeps its
+    summaries in its own `store` (bench.stores)."""
     targets = []
     for number, root in enumerate(roots):
         for kind in ("off", "on"):
             port = free_port()
             config = directory / f"proxy-{number}-{kind}.yaml"
-            config.write_text(proxy_config(upstream_port, port, compaction=kind == "on"))
+            section = store_section(store, directory, f"proxy-{number}-{kind}", redis_url)
+            config.write_text(proxy_config(upstream_port, port, compaction=kind == "on", store=section))
             label = column(kind, root, len(roots) > 1)
             child = start_proxy(label, root, config, directory / f"proxy-{number}-{kind}.log")
             children.append(child)
@@ -85,8 +94,14 @@ def start_proxies(directory: Path, roots: list[Path], upstream_port: int, childr
 
 
 @contextmanager
-def fleet(directory: Path, roots: list[Path], with_nginx: bool = True) -> Iterator[list[Target]]:
+def fleet(directory: Path, roots: list[Path], with_nginx: bool = True, store: str = "memory") -> Iterator[list[Target]]:
     """Every target running, in measuring order (direct, floor, each root's off and on, nginx); all stopped after."""
+    with shared_store(store, directory) as redis_url:
+        yield from _fleet(directory, roots, with_nginx, store, redis_url)
+
+
+def _fleet(directory: Path, roots: list[Path], with_nginx: bool, store: str,
+           redis_url: str | None) -> Iterator[list[Target]]:
     children: list[Child] = []
     try:
         upstream, upstream_port = start_upstream(directory)
@@ -95,7 +110,7 @@ def fleet(directory: Path, roots: list[Path], with_nginx: bool = True) -> Iterat
         floor, floor_port = start_floor(directory, upstream_port)
         children.append(floor)
         targets.append(Target(FLOOR, FLOOR, floor_port, floor))
-        targets += start_proxies(directory, roots, upstream_port, children)
+        targets += start_proxies(directory, roots, upstream_port, children, store, redis_url)
         nginx = start_nginx(directory, upstream_port) if with_nginx else None
         if nginx is not None:
             children.append(nginx[0])

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from proxy.store.store import CompactedPrefix, _longest_verified
+from proxy.store.known_records import KnownRecords, lookup
+from proxy.store.store import CompactedPrefix, longest_verified
 from proxy.store.store_health import FailureReports
 
 log = logging.getLogger("proxy.sqlite_store")
@@ -207,6 +208,7 @@ class SqliteStore:
         self._closed = False
         self._last_purge = float("-inf")
         self._writable = True
+        self._known = KnownRecords()
 
     # --- on a lane's thread ------------------------------------------------------------------------------------
 
@@ -265,7 +267,7 @@ class SqliteStore:
 
 
     @staticmethod
-    def _decode(text: str) -> CompactedPrefix | None:
+    def _decode(text: str | bytes) -> CompactedPrefix | None:
         try:
             return CompactedPrefix.from_json(text)
         except ValueError:
@@ -281,7 +283,7 @@ class SqliteStore:
             return None if row is None else str(row[0])
 
         text = await self._quietly("get", self._reader, select)
-        return None if text is None else self._decode(text)
+        return None if text is None else self._known.decoded(namespace, prefix_hash, text, self._decode)
 
     async def put(self, namespace: str, record: CompactedPrefix) -> None:
         def upsert(handle: _Handle) -> bool:
@@ -302,27 +304,32 @@ class SqliteStore:
             self._failures.count("put")  # read-only: logged once, when the file was opened so
 
     async def longest_match(self, namespace: str, chain: Sequence[str]) -> CompactedPrefix | None:
-        """One IN query per chunk of the chain, longest prefixes first; the first verified hit is the longest."""
+        """The chain's links from its longest known record on first (KnownRecords), then the rest only if none of
+        those holds one any more; each as one IN query per chunk, longest prefixes first."""
 
-        def select(handle: _Handle, hashes: Sequence[str]) -> list[str]:
+        def select(handle: _Handle, hashes: Sequence[str]) -> list[tuple[str, str]]:
             placeholders = ",".join("?" * len(hashes))
             rows = handle.connection.execute(
-                f"SELECT record FROM summaries WHERE namespace = ? AND expires_at > ?"
+                f"SELECT prefix_hash, record FROM summaries WHERE namespace = ? AND expires_at > ?"
                 f" AND prefix_hash IN ({placeholders})",
                 (namespace, self._clock(), *hashes),
             ).fetchall()
-            return [str(row[0]) for row in rows]
+            return [(str(row[0]), str(row[1])) for row in rows]
 
-        for end in range(len(chain), 0, -_SQLITE_CHUNK):
-            hashes = chain[max(0, end - _SQLITE_CHUNK) : end]
-            texts = await self._quietly("lookup", self._reader, functools.partial(select, hashes=hashes))
-            if texts is None:
-                return None
-            decoded = (self._decode(text) for text in texts)
-            best = _longest_verified((record for record in decoded if record is not None), chain)
-            if best is not None:
-                return best
-        return None
+        async def fetch(hashes: Sequence[str]) -> list[CompactedPrefix] | None:
+            for end in range(len(hashes), 0, -_SQLITE_CHUNK):
+                part = hashes[max(0, end - _SQLITE_CHUNK) : end]
+                rows = await self._quietly("lookup", self._reader, functools.partial(select, hashes=part))
+                if rows is None:
+                    return None
+                decoded = (self._known.decoded(namespace, prefix_hash, text, self._decode)
+                           for prefix_hash, text in rows)
+                records = [record for record in decoded if record is not None]
+                if longest_verified(records, chain) is not None:  # a later chunk's record is longer than any before
+                    return records
+            return []
+
+        return await lookup(self._known, namespace, chain, fetch)
 
     def _probe(self, handle: _Handle) -> bool:
         """Whether the store would keep a record now: a committed write, not a read or a rolled-back one (only a

@@ -86,7 +86,8 @@ def _typed(data: Any, key: str, kind: type | tuple[type, ...]) -> Any:
     return value
 
 
-def _longest_verified(candidates: Iterable[CompactedPrefix], chain: Sequence[str]) -> CompactedPrefix | None:
+def longest_verified(candidates: Iterable[CompactedPrefix], chain: Sequence[str]) -> CompactedPrefix | None:
+    """The longest of `candidates` that lines up with `chain` (what a store read may hold is checked, not trusted)."""
     verified = [record for record in candidates if record.matches(chain)]
     return max(verified, key=lambda record: record.prefix_len, default=None)
 

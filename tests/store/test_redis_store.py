@@ -99,6 +99,96 @@ async def test_key_prefixes_keep_deployments_apart(redis_server: RedisServer) ->
     await green.close()
 
 
+async def misses_and_hits(raw: aioredis.Redis) -> tuple[int, int]:
+    stats = await raw.info("stats")
+    return int(stats["keyspace_misses"]), int(stats["keyspace_hits"])
+
+
+async def test_a_known_record_is_decoded_once_and_only_the_links_since_it_are_asked(
+        redis_server: RedisServer) -> None:  # noqa: F811
+    """Redis counts a miss for every key of an MGET it does not hold: the second lookup asks 11 keys, not 50."""
+    store, raw = make(redis_server), aioredis.from_url(redis_server.url)
+    chain = hash_chain(history(50), "ns-known")
+    await store.put("ns-known", record_for(chain, 40))
+    before = await misses_and_hits(raw)
+    first = await store.longest_match("ns-known", chain)
+    middle = await misses_and_hits(raw)
+    second = await store.longest_match("ns-known", chain)
+    after = await misses_and_hits(raw)
+    assert first == record_for(chain, 40) and second is first  # the same object: what is made of it is kept
+    assert (middle[0] - before[0], middle[1] - before[1]) == (49, 1)
+    assert (after[0] - middle[0], after[1] - middle[1]) == (10, 1)
+    await raw.aclose()
+    await store.close()
+
+
+async def test_what_other_replicas_did_since_is_seen(redis_server: RedisServer) -> None:  # noqa: F811
+    """A longer record put by another replica is found; a known record replaced is read anew; one deleted sends
+    the lookup to the links before it."""
+    here, there = make(redis_server), make(redis_server)
+    raw = aioredis.from_url(redis_server.url)
+    chain = hash_chain(history(50), "ns-others")
+    await here.put("ns-others", record_for(chain, 30))
+    assert await here.longest_match("ns-others", chain) == record_for(chain, 30)
+    await there.put("ns-others", record_for(chain, 45))
+    assert await here.longest_match("ns-others", chain) == record_for(chain, 45)
+    newer = CompactedPrefix(chain[44], 45, ({"role": "user", "content": "a newer summary"},), 9, 1, "m", 2.0)
+    await there.put("ns-others", newer)
+    assert await here.longest_match("ns-others", chain) == newer
+    await there.put("ns-others", record_for(chain, 10))
+    await raw.delete(f"compaction-proxy:r:ns-others:{chain[44]}", f"compaction-proxy:r:ns-others:{chain[29]}")
+    assert await here.longest_match("ns-others", chain) == record_for(chain, 10)
+    await raw.aclose()
+    await here.close()
+    await there.close()
+
+
+async def test_a_garbled_value_under_a_known_key_is_a_miss_counted_once_a_lookup(
+        redis_server: RedisServer) -> None:  # noqa: F811
+    errors = Errors()
+    store, raw = make(redis_server, on_error=errors), aioredis.from_url(redis_server.url)
+    chain = hash_chain(history(20), "ns-garbled")
+    await store.put("ns-garbled", record_for(chain, 15))
+    assert await store.longest_match("ns-garbled", chain) == record_for(chain, 15)
+    await raw.set(f"compaction-proxy:r:ns-garbled:{chain[14]}", b"{not json")
+    assert await store.longest_match("ns-garbled", chain) is None
+    assert errors == {"decode": 1}
+    await raw.aclose()
+    await store.close()
+
+
+@pytest.mark.parametrize("reply, expected", [
+    ([b"h2", b"two", b"h5", b"five"], [("h2", b"two"), ("h5", b"five")]),
+    ([], []),
+    ([b"h2", b"two", b"h9", b"not asked"], [("h2", b"two")]),
+    ([b"h2", b"two", b"h5"], []),             # odd: not pairs
+    ([b"h2", 2], []),                         # not all strings
+    (b"h2 two", []),                          # not a list
+    (None, []),
+    ([b"\xff\xfe", b"garbled hash"], []),
+])
+def test_only_pairs_of_hashes_asked_for_are_taken_from_a_lookup_reply(reply: object,
+                                                                      expected: list[tuple[str, bytes]]) -> None:
+    from proxy.store.redis_store import _found
+
+    assert _found(reply, ["h1", "h2", "h5"]) == expected
+
+
+async def test_a_chain_longer_than_one_mget_is_looked_up_whole(redis_server: RedisServer) -> None:  # noqa: F811
+    """The lookup script asks Redis 1,000 keys at a time (Lua's unpack has a bound): records in the first and the
+    last part of a 2,500-link chain are both found."""
+    store = make(redis_server)
+    chain = hash_chain(history(2500), "ns-long")
+    await store.put("ns-long", record_for(chain, 5))
+    assert await store.longest_match("ns-long", chain) == record_for(chain, 5)
+    await store.put("ns-long", record_for(chain, 2400))
+    other = make(redis_server)  # knows nothing yet: asks the whole chain
+    assert await other.longest_match("ns-long", chain) == record_for(chain, 2400)
+    assert await store.longest_match("ns-long", chain) == record_for(chain, 2400)
+    await store.close()
+    await other.close()
+
+
 def big_record(chain: list[str], size: int) -> CompactedPrefix:
     return CompactedPrefix(chain[1], 2, ({"role": "user", "content": "x" * size},), 1, 1, "m", 0.0)
 

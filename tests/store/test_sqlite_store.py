@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import pytest
@@ -23,13 +23,14 @@ import pytest
 from proxy.config import StoreConfig
 from proxy.core.fingerprint import hash_chain
 from proxy.core.tenants import tenant_namespace
-from proxy.store.sqlite_store import _write_ahead
+from proxy.store.sqlite_store import SqliteStore, _write_ahead
 from proxy.store.store import CompactedPrefix, SummaryStore
 from proxy.store.stores import open_store
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
 from tests.sdk import async_client
+from tests.store.test_store import FakeClock
 
 TTL = 100.0
 TENANT = tenant_namespace("sk-one")
@@ -357,3 +358,37 @@ def test_wal_mode_is_asked_again_while_another_connection_holds_the_file(tmp_pat
     assert waiting.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     waiting.close()
     holder.close()
+
+
+class _CountingConnection(sqlite3.Connection):
+    """Counts the prefix hashes each lookup query binds."""
+
+    asked: ClassVar[list[int]] = []
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        if "prefix_hash IN" in sql:
+            _CountingConnection.asked.append(len(parameters) - 2)  # the namespace and the clock
+        return super().execute(sql, parameters)
+
+
+async def test_a_known_record_is_decoded_once_asked_from_its_link_and_its_expiry_falls_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_connect = sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect", lambda *args, **kw: real_connect(*args, **kw,
+                                                                             factory=_CountingConnection))
+    _CountingConnection.asked = []
+    clock = FakeClock()
+    store = SqliteStore(tmp_path / "known.sqlite3", ttl_seconds=100, clock=clock)
+    chain = hash_chain([{"role": "user", "content": f"m{i}"} for i in range(50)], "ns")
+    long = CompactedPrefix(chain[39], 40, ({"role": "user", "content": "long"},), 1, 1, "m", 1.0)
+    short = CompactedPrefix(chain[9], 10, ({"role": "user", "content": "short"},), 1, 1, "m", 1.0)
+    await store.put("ns", long)
+    first = await store.longest_match("ns", chain)
+    second = await store.longest_match("ns", chain)
+    assert first == long and second is first
+    clock.now += 60
+    await store.put("ns", short)  # outlives the long one by 60 s
+    clock.now += 50
+    assert await store.longest_match("ns", chain) == short
+    assert _CountingConnection.asked == [50, 11, 11, 39]
+    await store.close()
