@@ -1,7 +1,7 @@
 """Performance benchmark of the proxy against a fake upstream, direct access and nginx, all on 127.0.0.1.
 
 Usage: python -m bench [--quick] [--only small,stream,long,reuse,rss] [--json FILE] [--proxy-root PATH ...]
-                       [--rounds N]
+                       [--rounds N] [--store memory|sqlite|redis]
 
 How to read it
 --------------
@@ -9,7 +9,9 @@ One markdown table: a row per figure, a column per target. `direct` is the load 
 upstream itself; `nginx` (when nginx is installed) is nginx as a plain reverse proxy to it, a reference for what
 any proxy hop costs; `proxy off` is `python -m proxy` with `compaction.enabled: false` and `proxy on` the same with
 compaction on (defaults). Each `--proxy-root` gets its own pair of proxy columns (labelled root@commit), so an old
-checkout and a new one are measured in the same run. "—": the figure does not apply to that column.
+checkout and a new one are measured in the same run. "—": the figure does not apply to that column. `--store`
+puts every proxy's summaries in a SQLite file of its own, or under a key prefix of its own in one redis-server the
+bench starts (bench.stores), instead of the memory store.
 
 The targets are measured in interleaved rounds (direct, each proxy, nginx; then again), so drift on a shared
 machine hits them alike; each figure is the median over rounds, and "added" and "/ direct" figures are computed
