@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from bench.api_bodies import HISTORY_KEYS, PATHS, history_in, new_turn, request_head
+
 SYSTEM = {"role": "system", "content": "You are a concise assistant. Answer in one short paragraph."}
 STREAM_CHUNKS = 20
 STREAM_INTERVAL_MS = 10
@@ -23,6 +25,11 @@ class Shape:
     long_history: bool = False
     chunks: int = 0           # 0: not streamed
     interval_ms: int = 0
+    api: str = "chat"         # bench.api_bodies.APIS: the client API it is sent in
+
+    @property
+    def path(self) -> str:
+        return PATHS[self.api]
 
     @property
     def stream(self) -> bool:
@@ -35,6 +42,8 @@ SHAPES = {shape.name: shape for shape in (
     Shape("long", "bench-long", long_history=True),
     Shape("reuse", "bench-reuse", long_history=True),
     Shape("hold", "bench-stream", chunks=HOLD_CHUNKS, interval_ms=HOLD_INTERVAL_MS),
+    Shape("long-responses", "bench-long", long_history=True, api="responses"),
+    Shape("long-messages", "bench-long", long_history=True, api="messages"),
 )}
 
 
@@ -64,13 +73,15 @@ class Bodies:
 
     def __init__(self, shape: Shape) -> None:
         self.shape = shape
-        head: dict[str, Any] = {"model": shape.model, "stream": shape.stream}
-        encoded = json.dumps({**head, "messages": history(shape)}, separators=(",", ":")).encode()
-        self._prefix = encoded[:-2] + b","  # without the closing "]}"
+        said = history(shape)
+        head = request_head(shape.api, shape.model, shape.stream, said)
+        encoded = json.dumps({**head, HISTORY_KEYS[shape.api]: history_in(shape.api, said)},
+                             separators=(",", ":")).encode()
+        self._prefix = encoded[:-2] + b","  # without the closing "]}" (the history is the last field)
 
     def body(self, index: int) -> bytes:
-        message = json.dumps(new_message(self.shape, index), separators=(",", ":")).encode()
-        return self._prefix + message + b"]}"
+        message = json.dumps(new_turn(self.shape.api, new_message(self.shape, index)), separators=(",", ":"))
+        return self._prefix + message.encode() + b"]}"
 
     def payload(self, index: int) -> dict[str, Any]:
         return dict(json.loads(self.body(index)))
@@ -81,7 +92,9 @@ class Bodies:
         len(body) / this, so the proxy's calibration ratio stays near 1."""
         from proxy.core.tokens import TokenCounter
 
-        tokens = TokenCounter("cl100k_base").count_request(self.payload(0))
+        # Counted in chat's shape whatever the API: the same conversation, the same tokens.
+        tokens = TokenCounter("cl100k_base").count_request({"messages": [*history(self.shape),
+                                                                          new_message(self.shape, 0)]})
         return len(self.body(0)) / max(1, tokens)
 
     def headers(self) -> dict[str, str]:

@@ -4,7 +4,8 @@ Usage: python -m bench.fast_upstream --port 0 --ready-file FILE   (writes the po
 
 POST /v1/chat/completions answers a small canned chat.completion, or with `"stream": true` a paced SSE stream:
 `x-bench-chunks: N` content chunks, `x-bench-interval-ms: M` apart (or a model named `fake-stream-NxM`), then
-`data: [DONE]`. The proxy's own summariser requests get a valid summary. Usage reports prompt tokens as the body's
+`data: [DONE]`. The proxy's own summariser requests get a valid summary. POST /v1/responses and POST /v1/messages
+answer a small canned Responses object and Anthropic message (not streamed). Usage reports prompt tokens as the body's
 length over `x-bench-bytes-per-token` (default 4), so the proxy's calibration sees sensible counts, and every
 answer says in `x-bench-received-bytes` how large the body it was sent was.
 """
@@ -100,6 +101,30 @@ async def stream(request: web.Request, body: bytes, payload: dict[str, Any],
     return response
 
 
+async def responses(request: web.Request) -> web.Response:
+    body = await request.read()
+    payload = orjson.loads(body)
+    tokens = usage(request, body, 7)
+    return web.Response(body=orjson.dumps({
+        "id": "resp_bench", "object": "response", "created_at": 1700000000, "status": "completed",
+        "model": str(payload.get("model") or "fake"),
+        "output": [{"type": "message", "id": "msg_bench", "status": "completed", "role": "assistant",
+                    "content": [{"type": "output_text", "text": ANSWER_TEXT, "annotations": []}]}],
+        "usage": {"input_tokens": tokens["prompt_tokens"], "output_tokens": 7, "total_tokens": tokens["total_tokens"]},
+    }), headers={"x-bench-received-bytes": str(len(body))}, content_type="application/json")
+
+
+async def messages(request: web.Request) -> web.Response:
+    body = await request.read()
+    payload = orjson.loads(body)
+    tokens = usage(request, body, 7)
+    return web.Response(body=orjson.dumps({
+        "id": "msg_bench", "type": "message", "role": "assistant", "model": str(payload.get("model") or "fake"),
+        "content": [{"type": "text", "text": ANSWER_TEXT}], "stop_reason": "end_turn", "stop_sequence": None,
+        "usage": {"input_tokens": tokens["prompt_tokens"], "output_tokens": 7},
+    }), headers={"x-bench-received-bytes": str(len(body))}, content_type="application/json")
+
+
 async def models(request: web.Request) -> web.Response:
     return web.json_response(MODELS)
 
@@ -107,6 +132,8 @@ async def models(request: web.Request) -> web.Response:
 def build_app() -> web.Application:
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/messages", messages)
     app.router.add_get("/v1/models", models)
     return app
 

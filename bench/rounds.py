@@ -38,8 +38,9 @@ def once(load: LoadClient, target: Target, measure: Measure, quick: bool, *, req
          seconds: float | None = None) -> dict[str, Any]:
     """One run of a measure on a target, with the target's CPU time per answered request."""
     before, faults = target.cpu(), target.faults()
-    answer = load.run(target.url, measure.shape, measure.concurrency, requests or measure.max_requests(quick),
-                      seconds or measure.max_seconds(quick), expected(measure, target))
+    answer = load.run(target.url_for(measure.shape), measure.shape, measure.concurrency,
+                      requests or measure.max_requests(quick), seconds or measure.max_seconds(quick),
+                      expected(measure, target))
     spent, faulted = target.cpu() - before, target.faults() - faults
     check(answer, target, f"{measure.shape} c={measure.concurrency}")
     answer["cpu_ms_per_request"] = spent * 1000 / answer["requests"]
@@ -54,7 +55,7 @@ def prime(load: LoadClient, scenario: Scenario, targets: list[Target]) -> None:
     shape, value = scenario.prime
     for target in targets:
         if target.kind == "on":
-            answer = load.run(target.url, shape, 1, 1, PRIME_SECONDS, ("x-compaction", value))
+            answer = load.run(target.url_for(shape), shape, 1, 1, PRIME_SECONDS, ("x-compaction", value))
             check(answer, target, f"the first {shape} request (x-compaction: {value} expected)")
 
 

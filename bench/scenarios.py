@@ -146,6 +146,17 @@ def long_rows(results: Results) -> list[Row]:
             Row("100k history minor page faults", "per request", faults(c1))]
 
 
+def apis_rows(results: Results) -> list[Row]:
+    rows = []
+    for api in ("responses", "messages"):
+        c1 = results[api]
+        per_request = cpu(c1)
+        rows += [Row(f"100k history in {api}: c=1 added p50", "ms", added(c1, "p50_ms")),
+                 Row(f"100k history in {api}: CPU per request", "ms", per_request),
+                 Row(f"100k history in {api}: CPU per request / floor's", "x", over_floor(per_request))]
+    return rows
+
+
 def reuse_rows(results: Results) -> list[Row]:
     c1 = results["c1"]
     per_request = cpu(c1)
@@ -166,6 +177,8 @@ SCENARIOS = {scenario.name: scenario for scenario in (
     Scenario("stream", (Measure("c1", "stream", 1, (12, 3), (3.0, 1.0)),
                         Measure("c32", "stream", 32, (384, 96), (3.0, 1.0))), stream_rows),
     Scenario("long", (Measure("c1", "long", 1, (1000, 60), (4.0, 1.0)),), long_rows),
+    Scenario("apis", (Measure("responses", "long-responses", 1, (1000, 60), (4.0, 1.0)),
+                      Measure("messages", "long-messages", 1, (1000, 60), (4.0, 1.0))), apis_rows),
     Scenario("reuse", (Measure("c1", "reuse", 1, (1000, 60), (4.0, 1.0), kinds=("direct", FLOOR, "on"),
                                expect=("x-compaction", "reused")),), reuse_rows, prime=("reuse", "proactive")),
 )}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.bodies import SHAPES
 from bench.machine import commit
 from bench.nginx import start_nginx
 from bench.processes import (
@@ -42,7 +43,11 @@ class Target:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1/chat/completions"
+        return self.url_for("small")
+
+    def url_for(self, shape: str) -> str:
+        """Where a request of `shape` goes: its API's path on this target."""
+        return f"http://127.0.0.1:{self.port}{SHAPES[shape].path}"
 
     def cpu(self) -> float:
         return cpu_seconds(self.child.pid)

@@ -207,7 +207,7 @@ class Pipeline(Generic[C]):
         if (not settings.compaction.enabled or self._mode(call) == "off"
                 or settings.model_for(call.model).manages_own_context):
             return None
-        return self._dialect.history(call)
+        return self._dialect.history(call, self._bodies)
 
     async def _forward(self, call: C, stack: AsyncExitStack, body: bytes) -> Attempt:
         return await send(self._upstream, stack, path=self._dialect.path, reader=self._dialect, query=call.query,
@@ -224,8 +224,10 @@ class Pipeline(Generic[C]):
     async def _begin(self, call: C, view: View) -> Journey[C]:
         """The journey's start: the history read (chain, counts), a stored summary spliced in, the window known."""
         namespace = namespace_for(call.headers, self._settings.server.tenant_header, call.model)
-        # A chat history the memo read is the body's own list: its messages' keys come with it.
-        history = await self._history.read_off_loop(view.messages, namespace, self._bodies.keys_of(view.messages))
+        # A history the memo read (a chat one, or the items another dialect's view was read from): its messages'
+        # keys come with it.
+        history = await self._history.read_off_loop(view.messages, namespace,
+                                                    self._bodies.keys_of_view(view, self._dialect.name))
         conversation = await self._compactor.reuse(view.messages, history.chain, namespace)
         # Windows the upstream states are looked up before planning (once per upstream, then cached), so the
         # summariser client built later, background ones included, knows its window without waiting.

@@ -131,19 +131,26 @@ class TokenCounter:
     def count_aside(self, instructions: Any, tools: Any) -> int:
         """What a request costs besides its messages, in the APIs that keep instructions apart from them (Responses'
         `instructions`, Messages' `system`): the instructions (text, or blocks counted as their JSON), the tool
-        definitions and the reply primer."""
-        return (self.count_value(instructions) if instructions else 0) + self.count_tools(tools) + REPLY_PRIMER
+        definitions and the reply primer. The instructions are cached like messages: an agent resends the same
+        ones on every turn, and counting Codex's or Claude Code's system prompt anew cost such a request 0.2 ms."""
+        if not instructions:
+            return self.count_tools(tools) + REPLY_PRIMER
+        text = instructions if isinstance(instructions, str) else _json_text(instructions, ensure_ascii=False)
+        return self._kept("aside", text) + self.count_tools(tools) + REPLY_PRIMER
 
     def count_tools(self, tools: Any) -> int:
         """Tool definitions counted as their compact JSON schema, cached like messages."""
         if not tools:
             return 0
-        schema = _json_text(tools, separators=(",", ":"), ensure_ascii=False)
-        key = hash(("tools", schema))
+        return self._kept("tools", _json_text(tools, separators=(",", ":"), ensure_ascii=False))
+
+    def _kept(self, kind: str, text: str) -> int:
+        """count_text of a text sent beside the messages, through the messages' cache."""
+        key = hash((kind, text))
         cached = self._lookup([key])[0]
         if cached is not None:
             return cached
-        count = self.count_text(schema)
+        count = self.count_text(text)
         self._store([(key, count)])
         return count
 

@@ -12,12 +12,15 @@ only what compaction made (the summary, its acknowledgement, a placeholder) is r
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.core.messages import Message
 
+_ITEMS = operator.attrgetter("items")
 # Renders a run of messages compaction made (summary, acknowledgement, placeholders) as client items.
 Render = Callable[[list[Message]], list[Any]]
 
@@ -38,12 +41,39 @@ class View:
     messages: list[Message]
     groups: tuple[Group, ...] = ()
     _owner: dict[int, Group] = field(default_factory=dict, repr=False, compare=False)
+    # The client's list the groups were read from, every item of it in one group, in order; None when not a list.
+    source: list[Any] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def of(cls, groups: Sequence[Group]) -> View:
-        """The view whose messages are the groups' messages, in order."""
+    def of(cls, groups: Sequence[Group], source: list[Any] | None = None) -> View:
+        """The view whose messages are the groups' messages, in order (read from `source`, when it is a list)."""
         owner = {id(message): group for group in groups for message in group.messages}
-        return cls([message for group in groups for message in group.messages], tuple(groups), owner)
+        return cls([message for group in groups for message in group.messages], tuple(groups), owner, source)
+
+    def message_keys(self, item_keys: Sequence[int], salt: str) -> list[int] | None:
+        """Keys for the history index (core.history_index) of this view's messages, made from the keys of the
+        source's items (one per item, as dialects.body_memo gives them: equal keys, equal items): a message is
+        keyed by its group's items and its place among the group's messages, which are made from those items alone.
+        `salt` (the dialect) keeps two dialects' readings of equal items apart. None when the groups are not the
+        source's items, in order."""
+        source = self.source
+        groups = self.groups
+        if source is None or len(item_keys) != len(source) or \
+                sum(map(len, map(_ITEMS, groups))) != len(source) or \
+                not all(map(operator.is_, itertools.chain.from_iterable(map(_ITEMS, groups)), source)):
+            return None
+        keys: list[int] = []
+        add = keys.append
+        start = 0
+        for group in groups:
+            size = len(group.items)
+            own = item_keys[start] if size == 1 else tuple(item_keys[start:start + size])
+            start += size
+            if len(group.messages) == 1:
+                add(hash((salt, own, 0)))
+            else:
+                keys.extend(hash((salt, own, place)) for place in range(len(group.messages)))
+        return keys
 
     def back(self, history: Sequence[Message], render: Render) -> list[Any]:
         """`history` (this view's messages, some replaced by what compaction made) as client items.

@@ -13,6 +13,9 @@ messages read the same in both bodies. The new body is then checked to be orjson
 message and tail compared byte for byte), which also rules out duplicate keys (a second `messages` would not
 encode back). Anything that does not check out is read whole, as before.
 
+A dialect whose view is read from the history's items (Responses, Messages) keeps its reader's state with the
+history here too (dialects.kept_reads), and the history that grows from it reads its view on from that state.
+
 The values are shared between requests, so nothing may change them in place: the proxy builds every edit anew
 (a compaction, a splice, a cleared tool result). That is checked by the test suite, which asks `intact()` of every
 proxy it ran, not before each reuse: comparing them with their bytes again is a second encoding of the whole
@@ -31,7 +34,9 @@ from typing import Any
 
 import orjson
 
+from proxy.core.view import View
 from proxy.dialects.call import json_object
+from proxy.dialects.kept_reads import KeptRead
 from proxy.errors import BadRequest
 
 MIN_BYTES = 64 * 1024  # below this a body is read whole: the parse costs less than remembering it
@@ -73,12 +78,16 @@ class BodyMemo:
         self._min = min_bytes
         self._buckets: OrderedDict[int, list[_Remembered]] = OrderedDict()
         self._by_history: dict[int, _Remembered] = {}  # by the id of its messages list, which it keeps alive
+        # What a dialect's reader made of a remembered history (keep_read), by the id of that history's list: the
+        # list, the reader's state, and how many of the list's messages, from the first, it has read.
+        self._reads: dict[int, tuple[list[Any], KeptRead, int]] = {}
         # The last large body read and what it read as, for a second read of that very body: a glance at it, then
         # its parse. Taken by that read, so no read after it gets it.
         self._last: tuple[bytes, str, dict[str, Any]] | None = None
         self._held = 0
         self._lock = threading.Lock()
         self.reused = 0  # bodies read from a remembered one (for tests and the curious)
+        self.resumed = 0  # reads of a view that went on from a kept one (kept_read)
 
     def read(self, body: bytes, key: str) -> dict[str, Any]:
         """The body's JSON object, exactly as `json_object(body)` reads it (BadRequest for what it refuses); its
@@ -115,6 +124,34 @@ class BodyMemo:
         with self._lock:
             held = self._by_history.get(id(messages))
         return held.keys if held is not None and held.messages is messages else None
+
+    def kept_read(self, messages: object) -> tuple[KeptRead, int] | None:
+        """A reader's state kept with this history (keep_read), or with the history it grew from, and how many of
+        its messages, from the first, that state has read (the very values this history holds); None for none."""
+        with self._lock:
+            kept = self._reads.get(id(messages))
+            if kept is None or kept[0] is not messages:
+                return None
+            self.resumed += 1
+        return kept[1], kept[2]
+
+    def keep_read(self, messages: object, read: KeptRead, count: int) -> None:
+        """Keep `read` (a reader's state after the first `count` messages of `messages`, a history this memo read)
+        while this memo holds that history; the history that grows from it next finds it (kept_read). A history
+        the memo does not hold keeps nothing."""
+        with self._lock:
+            held = self._by_history.get(id(messages))
+            if held is not None and held.messages is messages and 0 <= count <= len(held.messages):
+                self._reads[id(messages)] = (held.messages, read, count)
+
+    def keys_of_view(self, view: View, salt: str) -> list[int] | None:
+        """The history index's keys of a view's messages: a chat history's own (keys_of), or those made from the
+        keys of the client's items it was read from (View.message_keys, `salt` the dialect), when this memo read
+        that list; None otherwise (the index keys each message by its canonical JSON)."""
+        if not view.groups:
+            return self.keys_of(view.messages)
+        item_keys = self.keys_of(view.source)
+        return None if item_keys is None else view.message_keys(item_keys, salt)
 
     def spliced(self, body: bytes, messages: list[Any], front: bytes, kept_from: int) -> bytes | None:
         """orjson's encoding of the body's object with its history `messages` (a list this memo read from that very
@@ -172,20 +209,27 @@ class BodyMemo:
         messages = payload[key] = reused + payload[key]
         starts, ends, encoded = spans
         self._remember(bucket, _Remembered(body, earlier.starts[:shared] + starts, earlier.ends[:shared] + ends,
-                                           messages, earlier.keys[:shared] + list(map(hash, encoded))), earlier)
+                                           messages, earlier.keys[:shared] + list(map(hash, encoded))), earlier,
+                       shared)
         return payload
 
-    def _remember(self, bucket: int, entry: _Remembered | None, replaced: _Remembered | None) -> None:
-        """`entry` first in its bucket (None: nothing new), `replaced` (the body it grew from) out of it."""
+    def _remember(self, bucket: int, entry: _Remembered | None, replaced: _Remembered | None,
+                  shared: int = 0) -> None:
+        """`entry` first in its bucket (None: nothing new), `replaced` (the body it grew from, sharing its first
+        `shared` messages) out of it; a reader's state kept with `replaced` goes on with `entry` when it read no
+        further than those."""
         with self._lock:
             kept = self._buckets.setdefault(bucket, [])
             self._buckets.move_to_end(bucket)
+            read = self._reads.get(id(replaced.messages)) if replaced is not None else None
             if replaced is not None and replaced in kept:
                 self._let_go(kept, replaced)
             if entry is not None and COST_PER_BYTE * len(entry.body) <= self._budget:
                 kept.insert(0, entry)
                 self._held += COST_PER_BYTE * len(entry.body)
                 self._by_history[id(entry.messages)] = entry
+                if read is not None and replaced is not None and read[0] is replaced.messages and read[2] <= shared:
+                    self._reads[id(entry.messages)] = (entry.messages, read[1], read[2])
             while len(kept) > PER_KEY:
                 self._let_go(kept, kept[-1])
             if not kept:
@@ -201,13 +245,19 @@ class BodyMemo:
         self._held -= COST_PER_BYTE * len(entry.body)
         if self._by_history.get(id(entry.messages)) is entry:
             del self._by_history[id(entry.messages)]
+        read = self._reads.get(id(entry.messages))
+        if read is not None and read[0] is entry.messages:
+            del self._reads[id(entry.messages)]
 
     def intact(self) -> bool:
-        """Whether every remembered history still encodes to the bytes it was read from: False when something
-        changed a shared value in place (which nothing in the proxy may do; the test suite asks after each run)."""
+        """Whether every remembered history still encodes to the bytes it was read from, and every kept read still
+        makes what reading afresh makes: False when something changed a shared value in place (which nothing in the
+        proxy may do; the test suite asks after each run)."""
         with self._lock:
             held = [entry for kept in self._buckets.values() for entry in kept]
-        return all(_encodes_to(entry.messages, entry.body, entry.starts[0], entry.ends[-1]) for entry in held)
+            reads = [read for _, read, _ in self._reads.values()]
+        return all(_encodes_to(entry.messages, entry.body, entry.starts[0], entry.ends[-1]) for entry in held) \
+            and all(read.intact() for read in reads)
 
     @property
     def held_bytes(self) -> int:

@@ -11,6 +11,7 @@ from proxy.core.usage import Usage, usage_from
 from proxy.core.view import View
 from proxy.dialects.body import encode_json
 from proxy.dialects.chat_request import ChatCall
+from proxy.dialects.kept_reads import Reads
 from proxy.errors import ProxyError
 from proxy.upstream.overflow import overflow_in_answer
 from proxy.upstream.streaming import UsageTap, usage_of
@@ -59,7 +60,7 @@ class ChatDialect:
               payload: dict[str, Any] | None = None) -> ChatCall:
         return ChatCall.parse(body, headers, query, payload)
 
-    def history(self, call: ChatCall) -> View | None:
+    def history(self, call: ChatCall, reads: Reads | None = None) -> View | None:
         if call.messages is None or any(name in call.payload for name in SELF_MANAGED_FIELDS):
             return None
         return View(call.messages)  # the messages are the neutral view: no groups, mapped back as they are

@@ -10,6 +10,7 @@ from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage
 from proxy.core.view import View
 from proxy.dialects.call import Call
+from proxy.dialects.kept_reads import Reads
 from proxy.errors import ProxyError
 from proxy.upstream.answer import StreamTap
 from proxy.upstream.attempt import AnswerReader
@@ -44,8 +45,10 @@ class Dialect(AnswerReader, Protocol[CallT]):
         `payload` is the body's JSON object when it was read already (dialects.body_memo)."""
         ...
 
-    def history(self, call: CallT) -> View | None:
-        """The conversation the journey may compact, in the neutral view; None when it is not compactable here."""
+    def history(self, call: CallT, reads: Reads | None = None) -> View | None:
+        """The conversation the journey may compact, in the neutral view; None when it is not compactable here.
+        `reads` (the body memo): a dialect whose view is read from the client's items may go on from its last
+        read of the conversation (dialects.body_memo.Reads)."""
         ...
 
     def left_alone(self, call: CallT) -> str | None:

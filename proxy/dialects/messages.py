@@ -12,6 +12,7 @@ from proxy.core.tokens import TokenCounter
 from proxy.core.usage import Usage, token_count
 from proxy.core.view import View
 from proxy.dialects.body import encode_json
+from proxy.dialects.kept_reads import Reads
 from proxy.dialects.messages_blocks import alternate, render, view_of_messages
 from proxy.dialects.messages_clearing import cleared
 from proxy.dialects.messages_compaction import (
@@ -124,10 +125,10 @@ class MessagesDialect:
               payload: dict[str, Any] | None = None) -> MessagesCall:
         return read_call(body, headers, query, upstream_manages=self.upstream_manages_context, payload=payload)
 
-    def history(self, call: MessagesCall) -> View | None:
+    def history(self, call: MessagesCall, reads: Reads | None = None) -> View | None:
         if self.left_alone(call) is not None:
             return None
-        return view_of_messages(call.payload.get("messages"))
+        return view_of_messages(call.payload.get("messages"), reads)
 
     def left_alone(self, call: MessagesCall) -> str | None:
         """Anthropic's own context management, asked of an upstream that runs it: not the proxy's to do behind it

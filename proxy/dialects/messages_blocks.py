@@ -8,6 +8,7 @@ from typing import Any
 from proxy.core.fingerprint import dumps_iteratively
 from proxy.core.messages import Message, content_text, role
 from proxy.core.view import Group, View
+from proxy.dialects.kept_reads import Reads, read_on
 
 Block = dict[str, Any]
 # Where a document's bytes live; with no title, the kind names the document for the summariser.
@@ -20,19 +21,42 @@ class _Unreadable(Exception):
     """A construct the view cannot stand for: the whole request is forwarded untouched."""
 
 
-def view_of_messages(value: Any) -> View | None:
-    """The request's `messages` as a view, one group per message; None when any of it is not understood."""
+def view_of_messages(value: Any, reads: Reads | None = None) -> View | None:
+    """The request's `messages` as a view, one group per message; None when any of it is not understood. With
+    `reads` (the body memo), a list that grew from one read before is read from where that read stopped."""
     if not isinstance(value, list) or not value:
         return None
-    groups: list[Group] = []
-    calls: frozenset[str] = frozenset()  # the tool_use ids the message before made: what results may answer
-    try:
-        for message in value:
-            messages, calls = _read(message, calls)
-            groups.append(Group((message,), tuple(messages)))
-    except _Unreadable:
-        return None
-    return View.of(groups)
+    reader = read_on(value, reads, _Reader)
+    return View.of(reader.groups, value) if reader is not None else None
+
+
+class _Reader:
+    """Reads messages in order into groups. A copy reads on independently: one is kept with the history in the
+    body memo (its groups are shared with the conversation's next requests, so nothing may change them in place),
+    and the next request's read goes on from a copy of it."""
+
+    def __init__(self) -> None:
+        self.groups: list[Group] = []
+        self.calls: frozenset[str] = frozenset()  # the tool_use ids the message before made: what results may answer
+
+    def read(self, message: Any) -> bool:
+        """Takes one message; False when it is not understood (the whole request is then forwarded untouched)."""
+        try:
+            messages, self.calls = _read(message, self.calls)
+        except _Unreadable:
+            return False
+        self.groups.append(Group((message,), tuple(messages)))
+        return True
+
+    def copy(self) -> _Reader:
+        twin = _Reader()
+        twin.groups, twin.calls = list(self.groups), self.calls
+        return twin
+
+    def intact(self) -> bool:
+        """Whether reading the same messages afresh makes the same groups (KeptRead)."""
+        fresh = _Reader()
+        return all(fresh.read(group.items[0]) for group in self.groups) and fresh.groups == self.groups
 
 
 def _read(message: Any, answerable: frozenset[str]) -> tuple[list[Message], frozenset[str]]:

@@ -13,6 +13,7 @@ from proxy.core.usage import Usage, usage_from
 from proxy.core.view import View
 from proxy.dialects.body import encode_json
 from proxy.dialects.chat import CHAT
+from proxy.dialects.kept_reads import Reads
 from proxy.dialects.responses_bridge import ResponsesFromChatStream, chat_request, chat_tools, response_from_chat
 from proxy.dialects.responses_compaction import (
     CLOSING_EVENTS,
@@ -97,10 +98,10 @@ class ResponsesDialect:
               payload: dict[str, Any] | None = None) -> ResponsesCall:
         return read_call(body, headers, query, upstream_compacts=self.upstream_compacts, payload=payload)
 
-    def history(self, call: ResponsesCall) -> View | None:
+    def history(self, call: ResponsesCall, reads: Reads | None = None) -> View | None:
         if self.left_alone(call) is not None:
             return None
-        return view_of_input(call.payload.get("input"))
+        return view_of_input(call.payload.get("input"), reads)
 
     def left_alone(self, call: ResponsesCall) -> str | None:
         """The upstream's own context management, or a history it keeps: not the proxy's to shorten."""

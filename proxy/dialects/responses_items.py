@@ -7,6 +7,7 @@ from typing import Any
 
 from proxy.core.messages import Message, role
 from proxy.core.view import Group, View
+from proxy.dialects.kept_reads import Reads, read_on
 
 Item = dict[str, Any]
 
@@ -25,18 +26,16 @@ FILE_KEYS = ("filename", "file_id", "file_data", "file_url")
 FILE_LOCATORS = ("file_id", "file_data", "file_url")
 
 
-def view_of_input(value: Any) -> View | None:
-    """The request's `input` as groups of neutral messages, or None when it holds anything not understood here."""
+def view_of_input(value: Any, reads: Reads | None = None) -> View | None:
+    """The request's `input` as groups of neutral messages, or None when it holds anything not understood here.
+    With `reads` (the body memo), a list that grew from one read before is read from where that read stopped."""
     if isinstance(value, str):
         return View.of([Group((value,), ({"role": "user", "content": value},))])
     # An empty list has nothing to compact, and a view without groups would map back as neutral messages.
     if not isinstance(value, list) or not value:
         return None
-    reader = _Reader()
-    for item in value:
-        if not reader.read(item):
-            return None
-    return View.of(reader.finish())
+    reader = read_on(value, reads, _Reader)
+    return View.of(reader.finish(), value) if reader is not None else None
 
 
 def as_input_items(items: list[Any]) -> list[Any]:
@@ -68,6 +67,9 @@ class _Turn:
         or reasoning only before any text or call, since after them it starts the model's next turn."""
         return kind in CALL_TYPES or not (self.said or self.calls)
 
+    def copy(self) -> _Turn:
+        return _Turn(list(self.items), list(self.reasoning), self.content, self.said, list(self.calls))
+
     def message(self) -> Message:
         content = self.content
         if self.reasoning:
@@ -80,16 +82,34 @@ class _Turn:
 
 
 class _Reader:
-    """Reads items in order into groups, checking that each result answers a call made before it, once."""
+    """Reads items in order into groups, checking that each result answers a call made before it, once.
+
+    A copy reads on independently: one is kept with the history in the body memo (what it made is shared with
+    the next requests of the conversation, so nothing may change it in place) and the next request's read goes on
+    from a copy of it."""
 
     def __init__(self) -> None:
         self.groups: list[Group] = []
         self.turn: _Turn | None = None
         self.calls: dict[str, str] = {}  # call_id -> the kind of call
         self.answered: set[str] = set()
+        self.items: list[Any] = []  # every item read, in order
+
+    def copy(self) -> _Reader:
+        twin = _Reader()
+        twin.groups, twin.items = list(self.groups), list(self.items)
+        twin.turn = self.turn.copy() if self.turn is not None else None
+        twin.calls, twin.answered = dict(self.calls), set(self.answered)
+        return twin
+
+    def intact(self) -> bool:
+        """Whether reading the same items afresh makes the same groups (KeptRead)."""
+        fresh = _Reader()
+        return all(map(fresh.read, self.items)) and fresh.finish() == self.copy().finish()
 
     def read(self, item: Any) -> bool:
         """Takes one item; False when it is one this module does not know (the whole input is then left alone)."""
+        self.items.append(item)
         kind = _kind(item)
         if kind == "message":
             return self._message(item)

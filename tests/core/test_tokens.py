@@ -302,3 +302,16 @@ def test_what_a_request_costs_beside_its_messages(instructions: Any, tools: Any,
     text = instructions if isinstance(instructions, str) else json.dumps(instructions) if instructions else ""
     assert counter.count_aside(instructions, tools) == counter.count_text(text) + counter.count_tools(tools) + \
         REPLY_PRIMER
+
+
+@pytest.mark.parametrize("instructions", ["You are a coding agent. " * 200,
+                                          [{"type": "text", "text": "Be brief. " * 100}]])
+def test_instructions_resent_each_turn_are_counted_once(instructions: Any) -> None:
+    counter = TokenCounter()
+    first = counter.count_aside(instructions, None)
+    misses = counter.cache_info().misses
+    again = counter.count_aside(instructions if isinstance(instructions, str) else json.loads(json.dumps(instructions)),
+                                None)
+    assert again == first and counter.cache_info().misses == misses  # the same count, from the cache
+    assert counter.count_aside(str(instructions) + " More.", None) != first  # other instructions, counted anew
+    assert counter.cache_info().misses == misses + 1

@@ -81,3 +81,49 @@ def test_back_keeps_every_kept_group_in_order_and_renders_the_rest(kinds: list[s
     assert [item for item in back if "n" in item] == whole
     rendered_roles = [role for item in back if "rendered" in item for role in item["rendered"]]
     assert len(rendered_roles) + sum(len(g.messages) for g in groups if g.items[0] in whole) == len(kept)
+
+
+# --- message_keys: the history index's keys from the client's items' keys -------------------------------------------
+
+def keyed(groups: list[Group]) -> View:
+    return View.of(groups, [item for group in groups for item in group.items])
+
+
+def test_equal_items_give_equal_keys_and_each_message_its_own() -> None:
+    view = keyed([ASK, CALL, ANSWER])
+    keys = view.message_keys([11, 22, 33], "responses")
+    assert keys is not None and len(keys) == 4 and len(set(keys)) == 4  # CALL's two messages apart
+    again = keyed([Group(({"kind": "ask"},), ASK.messages), CALL, ANSWER]).message_keys([11, 22, 33], "responses")
+    assert again == keys  # keys go by the items' keys, not by the objects
+
+
+@pytest.mark.parametrize("change", ["another item key", "another dialect", "items grouped otherwise"])
+def test_anything_else_gives_other_keys(change: str) -> None:
+    keys = keyed([ASK, CALL, ANSWER]).message_keys([11, 22, 33], "responses")
+    assert keys is not None
+    if change == "another item key":
+        other = keyed([ASK, CALL, ANSWER]).message_keys([11, 22, 34], "responses")
+        assert other is not None and other[:3] == keys[:3] and other[3] != keys[3]
+    elif change == "another dialect":
+        other = keyed([ASK, CALL, ANSWER]).message_keys([11, 22, 33], "messages")
+        assert other is not None and not set(other) & set(keys)
+    else:
+        both = Group((*ASK.items, *CALL.items), (*ASK.messages, *CALL.messages))
+        other = keyed([both, ANSWER]).message_keys([11, 22, 33], "responses")
+        assert other is not None and other[:3] != keys[:3]
+
+
+@pytest.mark.parametrize("case", ["no source", "fewer keys", "other objects", "a source with an item more"])
+def test_keys_only_for_groups_read_from_the_source_in_order(case: str) -> None:
+    groups = [ASK, ANSWER]
+    items = [item for group in groups for item in group.items]
+    if case == "no source":
+        view = View.of(groups)
+    elif case == "fewer keys":
+        assert keyed(groups).message_keys([1], "x") is None
+        return
+    elif case == "other objects":
+        view = View.of(groups, [dict(item) for item in items])
+    else:
+        view = View.of(groups, [*items, {"kind": "more"}])
+    assert view.message_keys([1] * len(view.source or items), "x") is None

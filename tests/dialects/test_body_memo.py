@@ -344,3 +344,50 @@ def test_any_splice_is_the_spliced_object_encoded(history: list[Any], front: lis
     kept_from = data.draw(st.integers(1, len(history) - 1))
     spliced = spliced_as_encoded(bodies, body, front, kept_from)
     event(f"spliced: {spliced is not None}")
+
+
+# --- reads kept with a history (dialects.kept_reads) --------------------------------------------------------------
+
+class Kept:
+    def intact(self) -> bool:
+        return True
+
+
+def test_a_read_is_kept_only_with_a_history_the_memo_holds() -> None:
+    bodies, history = memo(), [message(index) for index in range(10)]
+    held = bodies.read(body_of(history), "messages")["messages"]
+    kept = Kept()
+    bodies.keep_read(list(held), kept, 5)  # an equal list, not the one held
+    assert bodies.kept_read(held) is None
+    bodies.keep_read(held, kept, 11)  # past its end
+    assert bodies.kept_read(held) is None
+    bodies.keep_read(held, kept, 9)
+    assert bodies.kept_read(held) == (kept, 9) and bodies.resumed == 1
+
+
+@pytest.mark.parametrize("later, carried, grew", [
+    (lambda history: [*history, message(30)], True, True),          # every message read is shared
+    (lambda history: [*history[:-1], message(31)], True, True),     # its last changed: the read stopped before it
+    (lambda history: [*history[:-2], message(32)], False, True),    # cut before where the read stopped
+    (lambda history: [message(33), *history[1:]], False, False),    # read whole: nothing shared
+])
+def test_a_read_goes_on_with_the_history_that_grew_when_it_read_no_further(later: Any, carried: bool,
+                                                                          grew: bool) -> None:
+    bodies, history = memo(), [message(index) for index in range(10)]
+    first = bodies.read(body_of(history), "messages")["messages"]
+    kept = Kept()
+    bodies.keep_read(first, kept, 9)
+    second = bodies.read(body_of(later(history)), "messages")["messages"]
+    assert bodies.kept_read(second) == ((kept, 9) if carried else None)
+    # A history that grew from the first lets it go, with its read; one read whole leaves it be.
+    assert bodies.kept_read(first) == (None if grew else (kept, 9))
+
+
+def test_a_read_goes_when_its_history_is_let_go() -> None:
+    history = [message(index, size=2000) for index in range(10)]
+    bodies = memo(budget_bytes=COST_PER_BYTE * len(body_of(history)) + 100)
+    first = bodies.read(body_of(history), "messages")["messages"]
+    bodies.keep_read(first, Kept(), 9)
+    bodies.read(body_of([message(index + 50, size=2000) for index in range(10)]), "messages")  # another one
+    assert bodies.kept_read(first) is None
+    assert bodies.intact()

@@ -38,6 +38,12 @@ def memo_reused(proxy: Any) -> int:
     return reused
 
 
+def views_resumed(proxy: Any) -> int:
+    """Views read on from the last request's (dialects.kept_reads), not from the first item."""
+    resumed: int = proxy.app[RUNTIME].shared.bodies.resumed
+    return resumed
+
+
 async def test_chat_through_the_openai_sdk(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
     proxy = await make_proxy(CONFIG)
     client = openai.AsyncOpenAI(api_key="sk-test", base_url=f"{proxy.url}/v1", max_retries=0)
@@ -47,6 +53,7 @@ async def test_chat_through_the_openai_sdk(fake: FakeUpstream, make_proxy: Proxy
         assert answer.choices[0].message.content
         assert json.loads(fake.requests[-1].body)["messages"] == messages
     assert memo_reused(proxy) == TURNS - 1
+    assert views_resumed(proxy) == 0  # chat's view is the body's own list: nothing to read on from
 
 
 async def test_a_body_the_glance_reads_and_does_not_relay_is_read_once(fake: FakeUpstream,
@@ -80,6 +87,7 @@ async def test_messages_through_the_anthropic_sdk(stream: bool, fake: FakeUpstre
             await client.messages.create(model="fake-messages", max_tokens=256, messages=messages)
         assert model.received[-1]["messages"] == messages
     assert memo_reused(proxy) == TURNS - 1
+    assert views_resumed(proxy) == TURNS - 1
 
 
 async def test_responses_through_the_openai_sdk(fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
@@ -92,6 +100,7 @@ async def test_responses_through_the_openai_sdk(fake: FakeUpstream, make_proxy: 
         await client.responses.create(model="fake-model", input=items)
         assert model.received[-1]["input"] == items
     assert memo_reused(proxy) == TURNS - 1
+    assert views_resumed(proxy) == TURNS - 1
 
 
 async def test_a_reused_summary_goes_upstream_spliced_into_the_clients_bytes(fake: FakeUpstream,

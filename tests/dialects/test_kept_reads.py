@@ -1,0 +1,217 @@
+"""dialects.kept_reads: a view read on from a kept state is the view read afresh, for every shape a resent history
+takes; what is kept goes with the history in the body memo."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Self
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.dialects.body_memo import BodyMemo
+from proxy.dialects.kept_reads import read_on
+from proxy.dialects.messages_blocks import view_of_messages
+from proxy.dialects.responses_items import view_of_input
+
+SMALL = 64  # the memo's size floor here, so that small bodies are remembered
+
+
+class Letters:
+    """A toy reader: takes strings of one letter, refuses anything else; remembers what it read."""
+
+    def __init__(self) -> None:
+        self.read_items: list[Any] = []
+        self.copies = 0
+
+    def read(self, item: Any) -> bool:
+        if not (isinstance(item, str) and len(item) == 1):
+            return False
+        self.read_items.append(item)
+        return True
+
+    def copy(self) -> Self:
+        twin = type(self)()
+        twin.read_items, twin.copies = list(self.read_items), self.copies + 1
+        return twin
+
+    def intact(self) -> bool:
+        return True
+
+
+class Digits(Letters):
+    """Another reader kind: a state kept by Letters is not its to go on from."""
+
+
+class Shelf:
+    """Reads kept by list identity, as the body memo keeps them (without its bodies)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[int, tuple[list[Any], Any, int]] = {}
+        self.asked = 0
+
+    def kept_read(self, messages: object) -> tuple[Any, int] | None:
+        self.asked += 1
+        held = self.kept.get(id(messages))
+        return (held[1], held[2]) if held is not None and held[0] is messages else None
+
+    def keep_read(self, messages: object, read: Any, count: int) -> None:
+        assert isinstance(messages, list)
+        self.kept[id(messages)] = (messages, read, count)
+
+
+def test_without_reads_every_item_is_read() -> None:
+    reader = read_on(list("abc"), None, Letters)
+    assert reader is not None and reader.read_items == list("abc")
+
+
+def test_the_state_before_the_last_item_is_kept() -> None:
+    shelf, items = Shelf(), list("abcd")
+    reader = read_on(items, shelf, Letters)
+    assert reader is not None and reader.read_items == items
+    kept, count = shelf.kept_read(items) or (None, 0)
+    assert count == 3 and isinstance(kept, Letters) and kept.read_items == list("abc")
+
+
+@pytest.mark.parametrize("later, read_again", [
+    (list("abcdef"), list("def")),   # two items more: from the kept state on (the last item read again)
+    (list("abcx"), list("x")),       # the last item changed
+    (list("abcd"), list("d")),       # the same again
+])
+def test_a_history_that_grew_goes_on_from_the_kept_state(later: list[str], read_again: list[str]) -> None:
+    shelf, first = Shelf(), list("abcd")
+    read_on(first, shelf, Letters)
+    kept = shelf.kept[id(first)]
+    shelf.kept[id(later)] = (later, kept[1], kept[2])  # as the memo carries it to the history that grew
+    reader = read_on(later, shelf, Letters)
+    assert reader is not None and reader.read_items == later
+    assert reader.copies >= 1  # went on from a copy of the kept state, which itself is unchanged
+    assert kept[1].read_items == list("abc")
+    assert reader.read_items[3:] == later[3:] and read_again == later[3:]
+
+
+def test_a_state_of_another_kind_is_not_gone_on_from() -> None:
+    shelf, items = Shelf(), list("abc")
+    shelf.kept[id(items)] = (items, Digits(), 2)  # a Digits state that read nothing: wrong for Letters
+    reader = read_on(items, shelf, Letters)
+    assert reader is not None and reader.read_items == items
+
+
+@pytest.mark.parametrize("items", [["a", "b", "12"], ["a", 2, "c"], [None]])
+def test_an_item_not_understood_reads_as_none(items: list[Any]) -> None:
+    assert read_on(items, Shelf(), Letters) is None
+
+
+def test_a_bad_last_item_still_keeps_the_state_before_it() -> None:
+    """The state before the last item is sound; the next request (with a better last item) goes on from it."""
+    shelf, items = Shelf(), ["a", "b", 7]
+    assert read_on(items, shelf, Letters) is None
+    assert shelf.kept[id(items)][2] == 2
+
+
+def test_a_single_item_keeps_the_empty_state() -> None:
+    shelf, items = Shelf(), ["a"]
+    assert read_on(items, shelf, Letters) is not None
+    assert shelf.kept[id(items)][2] == 0
+
+
+# --- the real readers, through the body memo ---------------------------------------------------------------------
+
+def responses_turn(index: int) -> list[dict[str, Any]]:
+    call = f"call_{index}"
+    return [{"type": "message", "role": "user", "content": f"step {index} é"},
+            {"type": "reasoning", "id": f"rs_{index}", "summary": [], "encrypted_content": "x" * 20},
+            {"type": "function_call", "call_id": call, "name": "shell", "arguments": json.dumps({"n": index})},
+            {"type": "function_call_output", "call_id": call, "output": f"result {index}"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"done {index}"}]}]
+
+
+def messages_turn(index: int) -> list[dict[str, Any]]:
+    call = f"toolu_{index}"
+    return [{"role": "user", "content": f"step {index}"},
+            {"role": "assistant", "content": [{"type": "text", "text": "on it"},
+                                              {"type": "tool_use", "id": call, "name": "bash",
+                                               "input": {"cmd": f"ls {index}", "deep": {"n": [index]}}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call, "content": f"out {index}"},
+                                         {"type": "text", "text": "and then?"}]},
+            {"role": "assistant", "content": f"done {index}"}]
+
+
+DIALECTS = {
+    "responses": ("input", responses_turn, view_of_input),
+    "messages": ("messages", messages_turn, view_of_messages),
+}
+
+
+def resend(kind: str, shapes: list[tuple[int, int]]) -> BodyMemo:
+    """Requests of one conversation, each `(turns, cut)`: the first `turns` turns' items without the last `cut`
+    (a history that grows, is resent as it was, loses its end or changes its last item); each view read through
+    the memo must be the view read afresh."""
+    key, turn, view_of = DIALECTS[kind]
+    bodies = BodyMemo(min_bytes=SMALL, key_bytes=SMALL)
+    for turns, cut in shapes:
+        items = [item for index in range(turns) for item in turn(index)]
+        items = items[:len(items) - cut] if cut < len(items) else items[:1]
+        if turns % 3 == 2 and len(items) > 1:
+            items[-1] = turn(99)[0]  # another last item
+        body = orjson.dumps({"model": "m", key: items})
+        resumed = view_of(bodies.read(body, key)[key], bodies)
+        fresh = view_of(json.loads(body)[key])
+        assert (resumed is None) == (fresh is None)
+        if resumed is not None and fresh is not None:
+            assert resumed.messages == fresh.messages
+            assert resumed.groups == fresh.groups
+    assert bodies.intact()
+    return bodies
+
+
+@pytest.mark.parametrize("kind", DIALECTS)
+def test_an_agent_loop_goes_on_from_each_last_read(kind: str) -> None:
+    bodies = resend(kind, [(turns, 0) for turns in range(1, 12)])
+    assert bodies.resumed == 10
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(sorted(DIALECTS)),
+       shapes=st.lists(st.tuples(st.integers(1, 8), st.integers(0, 6)), min_size=1, max_size=8))
+def test_a_view_read_on_is_the_view_read_afresh(kind: str, shapes: list[tuple[int, int]]) -> None:
+    resend(kind, shapes)
+
+
+@pytest.mark.parametrize("kind", DIALECTS)
+def test_a_kept_read_changed_in_place_is_told(kind: str) -> None:
+    key, turn, view_of = DIALECTS[kind]
+    bodies = BodyMemo(min_bytes=SMALL, key_bytes=SMALL)
+    items = [item for index in range(4) for item in turn(index)]
+    view = view_of(bodies.read(orjson.dumps({"model": "m", key: items}), key)[key], bodies)
+    assert view is not None and bodies.intact()
+    view.messages[0]["content"] = "changed in place"
+    assert not bodies.intact()
+
+
+def test_conversations_in_threads_at_once_each_read_their_own() -> None:
+    """Four conversations of each dialect through one memo from eight threads: every view is the fresh one."""
+    bodies = BodyMemo(min_bytes=SMALL, key_bytes=SMALL)
+    failures: list[str] = []
+
+    def converse(kind: str, salt: int) -> None:
+        key, turn, view_of = DIALECTS[kind]
+        for turns in range(1, 10):
+            items = [{"role": "user", "content": f"conversation {salt}"}] if kind == "messages" else \
+                [{"type": "message", "role": "user", "content": f"conversation {salt}"}]
+            items += [item for index in range(turns) for item in turn(index)]
+            body = orjson.dumps({"model": "m", key: items})
+            resumed, fresh = view_of(bodies.read(body, key)[key], bodies), view_of(json.loads(body)[key])
+            if resumed is None or fresh is None or resumed.groups != fresh.groups:
+                failures.append(f"{kind} {salt} {turns}")
+
+    threads = [threading.Thread(target=converse, args=(kind, salt)) for kind in DIALECTS for salt in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures and bodies.intact()
+    assert bodies.resumed > 0
