@@ -21,6 +21,7 @@ from typing import Any
 from proxy.core.messages import Message
 
 _ITEMS = operator.attrgetter("items")
+_MESSAGES = operator.attrgetter("messages")
 # Renders a run of messages compaction made (summary, acknowledgement, placeholders) as client items.
 Render = Callable[[list[Message]], list[Any]]
 
@@ -57,22 +58,25 @@ class View:
         `salt` (the dialect) keeps two dialects' readings of equal items apart. None when the groups are not the
         source's items, in order."""
         source = self.source
-        groups = self.groups
-        if source is None or len(item_keys) != len(source) or \
-                sum(map(len, map(_ITEMS, groups))) != len(source) or \
-                not all(map(operator.is_, itertools.chain.from_iterable(map(_ITEMS, groups)), source)):
+        items_of = list(map(_ITEMS, self.groups))
+        sizes = list(map(len, items_of))
+        if source is None or len(item_keys) != len(source) or sum(sizes) != len(source) or \
+                not all(map(operator.is_, itertools.chain.from_iterable(items_of), source)):
             return None
-        keys: list[int] = []
-        add = keys.append
-        start = 0
-        for group in groups:
-            size = len(group.items)
-            own = item_keys[start] if size == 1 else tuple(item_keys[start:start + size])
-            start += size
-            if len(group.messages) == 1:
-                add(hash((salt, own, 0)))
-            else:
-                keys.extend(hash((salt, own, place)) for place in range(len(group.messages)))
+        # Each group's own key (its items' keys: one, or a tuple of several), repeated for each of its messages and
+        # paired with the message's place in it; mapped at C speed (a Python step per group cost 0.1 ms).
+        if sizes.count(1) == len(sizes):
+            owns: list[Any] = list(item_keys)
+        else:
+            bounds = list(itertools.accumulate(sizes, initial=0))
+            owns = [item_keys[start] if end - start == 1 else tuple(item_keys[start:end])
+                    for start, end in itertools.pairwise(bounds)]
+        counts = list(map(len, map(_MESSAGES, self.groups)))
+        if counts.count(1) == len(counts):
+            return list(map(hash, zip(itertools.repeat(salt), owns, itertools.repeat(0))))
+        repeated = itertools.chain.from_iterable(map(itertools.repeat, owns, counts))
+        places = itertools.chain.from_iterable(map(range, counts))
+        keys = list(map(hash, zip(itertools.repeat(salt), repeated, places)))
         return keys
 
     def back(self, history: Sequence[Message], render: Render) -> list[Any]:
