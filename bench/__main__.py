@@ -1,7 +1,7 @@
 """Performance benchmark of the proxy against a fake upstream, direct access and nginx, all on 127.0.0.1.
 
-Usage: python -m bench [--quick] [--only small,stream,long,apis,reuse,rss] [--json FILE] [--proxy-root PATH ...]
-                       [--rounds N] [--store memory|sqlite|redis]
+Usage: python -m bench [--quick] [--only small,stream,long,apis,reuse,apis-reuse,rss] [--json FILE]
+                       [--proxy-root PATH ...] [--rounds N] [--store memory|sqlite|redis]
 
 How to read it
 --------------
@@ -35,7 +35,8 @@ floor's CPU on the long history moved 0.5 to 1.3 ms with it.
   assistant text) resent with one new user message each time; the window is large, so nothing is compacted.
 - 100k history in responses / messages: the same history and new message sent as Codex and the Agents SDK send
   it (POST /v1/responses: its system message as `instructions`, tool calls and results as items) and as Claude Code
-  does (POST /v1/messages: `system`, tool_use and tool_result blocks); bench.api_bodies.
+  does (POST /v1/messages: `system`, tool_use and tool_result blocks); bench.api_bodies. apis-reuse: the same
+  two served from their stored summaries, as the reuse hit below.
 - reuse hit: the same history to a model whose window (64k; the same proxy-on process, whose `models:` give
   each request shape's model its own window) it passes 0.8 of: the first request compacts (the
   fake upstream answers the summariser), every measured one is served from the stored summary — checked: each

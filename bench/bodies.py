@@ -44,6 +44,8 @@ SHAPES = {shape.name: shape for shape in (
     Shape("hold", "bench-stream", chunks=HOLD_CHUNKS, interval_ms=HOLD_INTERVAL_MS),
     Shape("long-responses", "bench-long", long_history=True, api="responses"),
     Shape("long-messages", "bench-long", long_history=True, api="messages"),
+    Shape("reuse-responses", "bench-reuse", long_history=True, api="responses"),
+    Shape("reuse-messages", "bench-reuse", long_history=True, api="messages"),
 )}
 
 

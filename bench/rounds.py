@@ -50,13 +50,11 @@ def once(load: LoadClient, target: Target, measure: Measure, quick: bool, *, req
 
 def prime(load: LoadClient, scenario: Scenario, targets: list[Target]) -> None:
     """The request that stores a summary: one per compaction-on proxy, which must answer it by compacting."""
-    if scenario.prime is None:
-        return
-    shape, value = scenario.prime
-    for target in targets:
-        if target.kind == "on":
-            answer = load.run(target.url_for(shape), shape, 1, 1, PRIME_SECONDS, ("x-compaction", value))
-            check(answer, target, f"the first {shape} request (x-compaction: {value} expected)")
+    for shape, value in scenario.prime:
+        for target in targets:
+            if target.kind == "on":
+                answer = load.run(target.url_for(shape), shape, 1, 1, PRIME_SECONDS, ("x-compaction", value))
+                check(answer, target, f"the first {shape} request (x-compaction: {value} expected)")
 
 
 def applicable(measure: Measure, targets: list[Target]) -> list[Target]:

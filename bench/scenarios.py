@@ -44,7 +44,8 @@ class Scenario:
     name: str
     measures: tuple[Measure, ...]
     rows: Callable[[Results], list[Row]]
-    prime: tuple[str, str] | None = None   # (shape, header value): one request per proxy-on target first
+    # (shape, header value) pairs: one request of each per proxy-on target first, answered with that x-compaction
+    prime: tuple[tuple[str, str], ...] = ()
 
 
 def _rounds(by_column: ByColumn, column: str, field: str) -> list[float]:
@@ -146,15 +147,26 @@ def long_rows(results: Results) -> list[Row]:
             Row("100k history minor page faults", "per request", faults(c1))]
 
 
-def apis_rows(results: Results) -> list[Row]:
+def by_api(results: Results, what: str, floor_note: str = "", forwarded: bool = False) -> list[Row]:
+    """The rows of a measure per client API (the measures keyed by API)."""
     rows = []
     for api in ("responses", "messages"):
         c1 = results[api]
         per_request = cpu(c1)
-        rows += [Row(f"100k history in {api}: c=1 added p50", "ms", added(c1, "p50_ms")),
-                 Row(f"100k history in {api}: CPU per request", "ms", per_request),
-                 Row(f"100k history in {api}: CPU per request / floor's", "x", over_floor(per_request))]
+        rows += [Row(f"{what} in {api}: c=1 added p50", "ms", added(c1, "p50_ms")),
+                 Row(f"{what} in {api}: CPU per request", "ms", per_request),
+                 Row(f"{what} in {api}: CPU per request / floor's{floor_note}", "x", over_floor(per_request))]
+        if forwarded:
+            rows.append(Row(f"{what} in {api}: forwarded / client body", "x", ratio(c1, "received_bytes")))
     return rows
+
+
+def apis_rows(results: Results) -> list[Row]:
+    return by_api(results, "100k history")
+
+
+def apis_reuse_rows(results: Results) -> list[Row]:
+    return by_api(results, "reuse hit", " on the client's body", forwarded=True)
 
 
 def reuse_rows(results: Results) -> list[Row]:
@@ -180,5 +192,9 @@ SCENARIOS = {scenario.name: scenario for scenario in (
     Scenario("apis", (Measure("responses", "long-responses", 1, (1000, 60), (4.0, 1.0)),
                       Measure("messages", "long-messages", 1, (1000, 60), (4.0, 1.0))), apis_rows),
     Scenario("reuse", (Measure("c1", "reuse", 1, (1000, 60), (4.0, 1.0), kinds=("direct", FLOOR, "on"),
-                               expect=("x-compaction", "reused")),), reuse_rows, prime=("reuse", "proactive")),
+                               expect=("x-compaction", "reused")),), reuse_rows, prime=(("reuse", "proactive"),)),
+    Scenario("apis-reuse", tuple(Measure(api, f"reuse-{api}", 1, (1000, 60), (4.0, 1.0), kinds=("direct", FLOOR, "on"),
+                                         expect=("x-compaction", "reused")) for api in ("responses", "messages")),
+             apis_reuse_rows,
+             prime=(("reuse-responses", "proactive"), ("reuse-messages", "proactive"))),
 )}

@@ -112,14 +112,17 @@ def test_a_benchmark_starts_without_pytest(module: str) -> None:
     assert done.returncode == 0 and "usage" in done.stdout.lower(), done.stderr[-2000:]
 
 
-def test_the_apis_scenario_sends_the_history_as_codex_and_claude_code_do() -> None:
-    """`--only apis`: the long history through /v1/responses and /v1/messages; every target answers each request
-    (a refusal would fail the run), and each proxy figure is a number."""
-    done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "apis", "--rounds", "1"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
+def test_the_apis_scenarios_send_the_history_as_codex_and_claude_code_do() -> None:
+    """`--only apis,apis-reuse`: the long history through /v1/responses and /v1/messages, then served from its
+    stored summary; every target answers each request (a refusal would fail the run), and each figure is a
+    number."""
+    done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "apis,apis-reuse", "--rounds", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = table(done.stdout)
     for api in ("responses", "messages"):
         cells = rows[f"100k history in {api}: CPU per request / floor's (x)"]
         assert float(cells["proxy on"]) > 0 and float(cells["proxy off"]) > 0 and cells["floor"] == "—"
         assert float(rows[f"100k history in {api}: CPU per request (ms)"]["floor"]) > 0
+        # Every measured request was served from the stored summary (the run fails otherwise), smaller upstream.
+        assert 0 < float(rows[f"reuse hit in {api}: forwarded / client body (x)"]["proxy on"]) < 0.5
