@@ -82,7 +82,7 @@ class Pipeline(Generic[C]):
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> C:
         """The client's request as its dialect reads it (BadRequest when it cannot)."""
-        return self._dialect.parse(body, headers, query, self._read(body))
+        return self._dialect.parse(body, headers, query, self._read(body), self._bodies)
 
     def _read(self, body: bytes) -> dict[str, Any]:
         return self._bodies.read(body, self._dialect.history_key)

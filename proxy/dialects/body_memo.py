@@ -125,14 +125,15 @@ class BodyMemo:
             held = self._by_history.get(id(messages))
         return held.keys if held is not None and held.messages is messages else None
 
-    def kept_read(self, messages: object) -> tuple[KeptRead, int] | None:
+    def kept_read(self, messages: object, *, resuming: bool = True) -> tuple[KeptRead, int] | None:
         """A reader's state kept with this history (keep_read), or with the history it grew from, and how many of
-        its messages, from the first, that state has read (the very values this history holds); None for none."""
+        its messages, from the first, that state has read (the very values this history holds); None for none.
+        `resuming`: a read goes on from it (counted in `resumed`), not only a look at what it read."""
         with self._lock:
             kept = self._reads.get(id(messages))
             if kept is None or kept[0] is not messages:
                 return None
-            self.resumed += 1
+            self.resumed += resuming
         return kept[1], kept[2]
 
     def keep_read(self, messages: object, read: KeptRead, count: int) -> None:

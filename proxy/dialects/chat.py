@@ -57,7 +57,7 @@ class ChatDialect:
     forwards_history_as_read = True
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str,
-              payload: dict[str, Any] | None = None) -> ChatCall:
+              payload: dict[str, Any] | None = None, reads: Reads | None = None) -> ChatCall:
         return ChatCall.parse(body, headers, query, payload)
 
     def history(self, call: ChatCall, reads: Reads | None = None) -> View | None:

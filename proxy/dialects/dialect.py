@@ -40,9 +40,10 @@ class Dialect(AnswerReader, Protocol[CallT]):
     forwards_history_as_read: bool
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str,
-              payload: dict[str, Any] | None = None) -> CallT:
+              payload: dict[str, Any] | None = None, reads: Reads | None = None) -> CallT:
         """The client's request, read once; BadRequest when it cannot be (the proxy's error, in the API's shape).
-        `payload` is the body's JSON object when it was read already (dialects.body_memo)."""
+        `payload` is the body's JSON object when it was read already (dialects.body_memo); `reads` what a view
+        reader kept of its history (dialects.kept_reads), which spares the parse a look at what it read."""
         ...
 
     def history(self, call: CallT, reads: Reads | None = None) -> View | None:

@@ -20,7 +20,7 @@ class Reads(Protocol):
     """Where reads are kept (dialects.body_memo.BodyMemo): with a history the memo read, and carried to the
     history that grows from it when that one holds every message the read had read."""
 
-    def kept_read(self, messages: object) -> tuple[KeptRead, int] | None: ...
+    def kept_read(self, messages: object, *, resuming: bool = True) -> tuple[KeptRead, int] | None: ...
 
     def keep_read(self, messages: object, read: KeptRead, count: int) -> None: ...
 
@@ -36,6 +36,16 @@ class ItemReader(KeptRead, Protocol):
 
 
 R = TypeVar("R", bound=ItemReader)
+
+
+def read_before(items: object, reads: Reads | None, kind: type[R]) -> tuple[R, int] | None:
+    """The kept reader of `kind` that read the first items of this very list (read_on's) and how many it read: a
+    request's parse need not look again for what that reader would have refused; None for none."""
+    kept = reads.kept_read(items, resuming=False) if reads is not None else None
+    if kept is None or type(kept[0]) is not kind:
+        return None
+    reader: R = kept[0]
+    return reader, kept[1]
 
 
 def read_on(items: list[Any], reads: Reads | None, kind: type[R]) -> R | None:

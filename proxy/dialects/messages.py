@@ -13,7 +13,7 @@ from proxy.core.usage import Usage, token_count
 from proxy.core.view import View
 from proxy.dialects.body import encode_json
 from proxy.dialects.kept_reads import Reads
-from proxy.dialects.messages_blocks import alternate, render, view_of_messages
+from proxy.dialects.messages_blocks import alternate, read_plainly, render, view_of_messages
 from proxy.dialects.messages_clearing import cleared
 from proxy.dialects.messages_compaction import (
     FAILED_BLOCK,
@@ -88,7 +88,7 @@ Announcement = tuple[Block | None, list[dict[str, Any]] | None]
 
 
 def read_call(body: bytes, headers: Mapping[str, str], query: str, *, upstream_manages: bool,
-              payload: dict[str, Any] | None = None) -> MessagesCall:
+              payload: dict[str, Any] | None = None, reads: Reads | None = None) -> MessagesCall:
     """A Messages request read. Where the upstream has no context management of its own, the proxy applies it:
     the request's edits are read and checked (400 for anything it cannot honour) and kept off the body the
     upstream sees, and a `compaction` block in `messages` is replaced by what it stands for."""
@@ -97,7 +97,8 @@ def read_call(body: bytes, headers: Mapping[str, str], query: str, *, upstream_m
         return call
     payload = call.payload
     edits = read_context_edits(payload)
-    messages = with_compactions_opened(payload.get("messages"))
+    history = payload.get("messages")
+    messages = with_compactions_opened(history, read_plainly(history, reads))
     if messages is None and not any(key in payload for key in _MANAGEMENT_FIELDS):
         return call
     payload = {key: value for key, value in payload.items() if key not in _MANAGEMENT_FIELDS}
@@ -122,8 +123,9 @@ class MessagesDialect:
         self.upstream_manages_context = upstream_manages_context
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str,
-              payload: dict[str, Any] | None = None) -> MessagesCall:
-        return read_call(body, headers, query, upstream_manages=self.upstream_manages_context, payload=payload)
+              payload: dict[str, Any] | None = None, reads: Reads | None = None) -> MessagesCall:
+        return read_call(body, headers, query, upstream_manages=self.upstream_manages_context, payload=payload,
+                         reads=reads)
 
     def history(self, call: MessagesCall, reads: Reads | None = None) -> View | None:
         if self.left_alone(call) is not None:

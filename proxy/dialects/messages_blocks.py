@@ -8,7 +8,7 @@ from typing import Any
 from proxy.core.fingerprint import dumps_iteratively
 from proxy.core.messages import Message, content_text, role
 from proxy.core.view import Group, View
-from proxy.dialects.kept_reads import Reads, read_on
+from proxy.dialects.kept_reads import Reads, read_before, read_on
 
 Block = dict[str, Any]
 # Where a document's bytes live; with no title, the kind names the document for the summariser.
@@ -28,6 +28,13 @@ def view_of_messages(value: Any, reads: Reads | None = None) -> View | None:
         return None
     reader = read_on(value, reads, _Reader)
     return View.of(reader.groups, value) if reader is not None else None
+
+
+def read_plainly(messages: object, reads: Reads | None) -> int:
+    """How many of the first `messages` a kept view read has read (dialects.kept_reads): none of them holds a
+    compaction block, which this reader refuses (so the request's parse need not look for one there)."""
+    kept = read_before(messages, reads, _Reader)
+    return kept[1] if kept is not None else 0
 
 
 class _Reader:

@@ -12,6 +12,7 @@ a no-op. Reports of clearing edits travel as Anthropic's `context_management.app
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from typing import Any
 
@@ -26,10 +27,11 @@ from proxy.upstream.streaming import PREAMBLE_TYPES, SseEvent, sse_event
 Block = dict[str, Any]
 
 
-def with_compactions_opened(messages: Any) -> list[Any] | None:
+def with_compactions_opened(messages: Any, plain: int = 0) -> list[Any] | None:
     """`messages` from the latest `compaction` block on, that block replaced by what it stands for, and no-op blocks
-    (null content: a failed compaction) taken out; None when no message holds a compaction block."""
-    if not isinstance(messages, list) or not any(_blocks_in(message) for message in messages):
+    (null content: a failed compaction) taken out; None when no message holds a compaction block. The first
+    `plain` messages are known to hold none (messages_blocks.read_plainly)."""
+    if not isinstance(messages, list) or not any(map(_blocks_in, itertools.islice(messages, plain, None))):
         return None
     found = _latest_block(messages)
     start, opened_messages = 0, []

@@ -15,6 +15,7 @@ from proxy.core.usage import Usage
 from proxy.core.view import View
 from proxy.dialects.body import encode_json
 from proxy.dialects.chat import CHAT
+from proxy.dialects.kept_reads import Reads
 from proxy.dialects.messages import MessagesDialect
 from proxy.dialects.messages_bridge import chat_request, error_from_chat, message_from_chat
 from proxy.dialects.messages_bridge_stream import MessagesFromChatStream
@@ -74,8 +75,8 @@ class MessagesOverChatDialect(MessagesDialect):
     uncounted_markers: tuple[bytes, ...] = ()
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str,
-              payload: dict[str, Any] | None = None) -> MessagesCall:
-        call = super().parse(body, headers, query, payload)  # the payload is what the upstream is to be asked
+              payload: dict[str, Any] | None = None, reads: Reads | None = None) -> MessagesCall:
+        call = super().parse(body, headers, query, payload, reads)  # the payload is what the upstream is to be asked
         headers = chat_headers(call.headers)
         if call.compaction_requested:  # an on-demand compaction: the proxy's to answer, nothing goes upstream
             return replace(call, headers=headers, bridged=True)

@@ -24,7 +24,7 @@ from proxy.dialects.responses_compaction import (
     turn_events,
     with_envelopes_opened,
 )
-from proxy.dialects.responses_items import as_input_items, render, view_of_input
+from proxy.dialects.responses_items import as_input_items, read_plainly, render, view_of_input
 from proxy.dialects.responses_request import ResponsesCall, without_trigger
 from proxy.errors import BadRequest, ProxyError
 from proxy.upstream.answer import StreamTap
@@ -39,7 +39,7 @@ def responses_usage(record: Any) -> Usage | None:
 
 
 def read_call(body: bytes, headers: Mapping[str, str], query: str, *, upstream_compacts: bool,
-              payload: dict[str, Any] | None = None) -> ResponsesCall:
+              payload: dict[str, Any] | None = None, reads: Reads | None = None) -> ResponsesCall:
     """The request as the journey reads it. The proxy's own compaction items are opened into what they stand for
     (no upstream can read them; another issuer's items pass byte for byte). Where the upstream does not compact,
     the proxy honours OpenAI's compaction contract itself: a closing `compaction_trigger` is the proxy's to answer
@@ -47,7 +47,8 @@ def read_call(body: bytes, headers: Mapping[str, str], query: str, *, upstream_c
     entry is the proxy's to apply (out of the body the upstream sees)."""
     call = ResponsesCall.parse(body, headers, query, payload)
     payload = call.payload
-    items = with_envelopes_opened(payload.get("input"))
+    given = payload.get("input")
+    items = with_envelopes_opened(given, read_plainly(given, reads))
     if items is not None:
         payload = {**payload, "input": items}
     withheld = () if upstream_compacts else ("context_management",)  # read here, never the upstream's to see
@@ -95,8 +96,9 @@ class ResponsesDialect:
         self.upstream_compacts = upstream_compacts
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str,
-              payload: dict[str, Any] | None = None) -> ResponsesCall:
-        return read_call(body, headers, query, upstream_compacts=self.upstream_compacts, payload=payload)
+              payload: dict[str, Any] | None = None, reads: Reads | None = None) -> ResponsesCall:
+        return read_call(body, headers, query, upstream_compacts=self.upstream_compacts, payload=payload,
+                         reads=reads)
 
     def history(self, call: ResponsesCall, reads: Reads | None = None) -> View | None:
         if self.left_alone(call) is not None:
@@ -176,8 +178,8 @@ class ResponsesOverChatDialect(ResponsesDialect):
     uncounted_markers: tuple[bytes, ...] = ()
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str,
-              payload: dict[str, Any] | None = None) -> ResponsesCall:
-        call = read_call(body, headers, query, upstream_compacts=False, payload=payload)
+              payload: dict[str, Any] | None = None, reads: Reads | None = None) -> ResponsesCall:
+        call = read_call(body, headers, query, upstream_compacts=False, payload=payload, reads=reads)
         if call.history_upstream:
             raise BadRequest("this proxy's upstream keeps no responses: send the whole input instead of "
                              "previous_response_id or conversation", param="previous_response_id")

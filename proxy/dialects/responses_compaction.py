@@ -4,6 +4,7 @@ the answers that carry one (POST /responses/compact, a turn that ends with a `co
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
 from typing import Any
@@ -28,10 +29,11 @@ _FAILURES = frozenset({"error", "response.failed"})
 CLOSING_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
-def with_envelopes_opened(items: Any) -> list[Any] | None:
+def with_envelopes_opened(items: Any, plain: int = 0) -> list[Any] | None:
     """`items` with each of the proxy's own `compaction` items (core.envelope) opened into the conversation it
-    stands for; None when there is none (another issuer's compaction items stay as they are)."""
-    if not isinstance(items, list):
+    stands for; None when there is none (another issuer's compaction items stay as they are). The first `plain`
+    items are known to hold no compaction item (responses_items.read_plainly)."""
+    if not isinstance(items, list) or not any(map(_is_compaction, itertools.islice(items, plain, None))):
         return None
     sealed = [opened(item.get("encrypted_content")) if _is_compaction(item) else None for item in items]
     if all(envelope is None for envelope in sealed):

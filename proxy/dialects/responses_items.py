@@ -7,7 +7,7 @@ from typing import Any
 
 from proxy.core.messages import Message, role
 from proxy.core.view import Group, View
-from proxy.dialects.kept_reads import Reads, read_on
+from proxy.dialects.kept_reads import Reads, read_before, read_on
 
 Item = dict[str, Any]
 
@@ -81,6 +81,13 @@ class _Turn:
         return message
 
 
+def read_plainly(items: object, reads: Reads | None) -> int:
+    """How many of the first `items` a kept view read has read (dialects.kept_reads) when it met no compaction item
+    among them: the request's parse need not look there for the proxy's own to open."""
+    kept = read_before(items, reads, _Reader)
+    return kept[1] if kept is not None and kept[0].compactions == 0 else 0
+
+
 class _Reader:
     """Reads items in order into groups, checking that each result answers a call made before it, once.
 
@@ -94,12 +101,14 @@ class _Reader:
         self.calls: dict[str, str] = {}  # call_id -> the kind of call
         self.answered: set[str] = set()
         self.items: list[Any] = []  # every item read, in order
+        self.compactions = 0  # compaction items read (the proxy's own would have been opened before the view)
 
     def copy(self) -> _Reader:
         twin = _Reader()
         twin.groups, twin.items = list(self.groups), list(self.items)
         twin.turn = self.turn.copy() if self.turn is not None else None
         twin.calls, twin.answered = dict(self.calls), set(self.answered)
+        twin.compactions = self.compactions
         return twin
 
     def intact(self) -> bool:
@@ -124,6 +133,7 @@ class _Reader:
             return self._result(item, kind)
         if kind == "compaction":
             # The provider's own compacted history: kept like an instruction, never summarised.
+            self.compactions += 1
             self._add(item, {"role": "developer", "content": [_opaque_part(item)]})
             return True
         return False

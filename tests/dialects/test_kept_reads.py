@@ -215,3 +215,74 @@ def test_conversations_in_threads_at_once_each_read_their_own() -> None:
         thread.join()
     assert not failures and bodies.intact()
     assert bodies.resumed > 0
+
+
+# --- the parse spared a look at what a view reader read (read_plainly) --------------------------------------------
+
+def envelope(kind: str) -> Any:
+    """The proxy's own compaction, as the client resends it: an input item, or a block of an assistant message."""
+    from proxy.core.envelope import Sealed, seal
+
+    sealed = seal(Sealed(({"role": "user", "content": "before"},), "the summary", ()))
+    if kind == "responses":
+        return {"type": "compaction", "id": "cmp_x", "encrypted_content": sealed}
+    return {"role": "assistant", "content": [{"type": "compaction", "content": "the summary",
+                                              "encrypted_content": sealed}]}
+
+
+def parsed(kind: str, body: bytes, bodies: BodyMemo | None) -> Any:
+    from proxy.dialects.messages import read_call as messages_call
+    from proxy.dialects.responses import read_call as responses_call
+
+    key = DIALECTS[kind][0]
+    payload = bodies.read(body, key) if bodies is not None else json.loads(body)
+    if kind == "responses":
+        return responses_call(body, {}, "", upstream_compacts=False, payload=payload, reads=bodies)
+    return messages_call(body, {}, "", upstream_manages=False, payload=payload, reads=bodies)
+
+
+@pytest.mark.parametrize("kind", DIALECTS)
+def test_a_request_parsed_with_kept_reads_is_the_request_parsed_without(kind: str) -> None:
+    """An agent loop whose later turns resend the proxy's compaction (where the last kept read stopped, then in the
+    middle of what was read before): every parse, and every view, is what it is without the kept reads."""
+    key, turn, view_of = DIALECTS[kind]
+    bodies = BodyMemo(min_bytes=SMALL, key_bytes=SMALL)
+    history: list[Any] = []
+    for index in range(10):
+        if index == 6:  # just where the last kept read stopped (before the last request's last item)
+            history.insert(len(history) - 1, envelope(kind))
+        history += turn(index)
+        if index == 8:
+            history.insert(3, envelope(kind))  # before what a kept read read: the parse must still find it
+        body = orjson.dumps({"model": "m", key: history})
+        with_reads, without = parsed(kind, body, bodies), parsed(kind, body, None)
+        assert with_reads.payload == without.payload and with_reads.body == without.body
+        ours, theirs = view_of(with_reads.payload[key], bodies), view_of(without.payload[key])
+        assert (ours is None) == (theirs is None) and (ours is None or ours.groups == theirs.groups)
+    assert bodies.resumed > 0 and bodies.intact()
+
+
+@pytest.mark.parametrize("kind", DIALECTS)
+def test_plainly_read_is_how_far_a_kept_reader_read(kind: str) -> None:
+    from proxy.dialects.messages_blocks import read_plainly as messages_plainly
+    from proxy.dialects.responses_items import read_plainly as responses_plainly
+
+    plainly = responses_plainly if kind == "responses" else messages_plainly
+    key, turn, view_of = DIALECTS[kind]
+    bodies = BodyMemo(min_bytes=SMALL, key_bytes=SMALL)
+    items = bodies.read(orjson.dumps({"model": "m", key: [*turn(0), *turn(1)]}), key)[key]
+    assert plainly(items, bodies) == 0 and plainly(items, None) == 0  # nothing read yet
+    view_of(items, bodies)
+    assert plainly(items, bodies) == len(items) - 1 and bodies.resumed == 0  # a look, not a read on
+    assert plainly(list(items), bodies) == 0  # another list
+
+
+def test_a_responses_reader_that_met_a_compaction_item_spares_nothing() -> None:
+    from proxy.dialects.responses_items import read_plainly
+
+    bodies = BodyMemo(min_bytes=SMALL, key_bytes=SMALL)
+    foreign = {"type": "compaction", "id": "cmp_y", "encrypted_content": "gAAAA-another-issuer"}
+    items = bodies.read(orjson.dumps({"model": "m", "input": [foreign, *responses_turn(0), *responses_turn(1)]}),
+                        "input")["input"]
+    assert view_of_input(items, bodies) is not None
+    assert read_plainly(items, bodies) == 0
