@@ -46,6 +46,9 @@ KEY_BYTES = 1024  # bytes from the history's start that pick the remembered bodi
 PER_KEY = 16
 BUDGET_BYTES = 96 * 1024 * 1024  # what the remembered bodies may hold, counted as COST_PER_BYTE x their size
 COST_PER_BYTE = 3  # a body's bytes plus the values read from them, roughly
+# A reader's state kept with a body (dialects.kept_reads: a view's groups and neutral messages), per byte of the
+# body, roughly: 0.5 (240 KB for a 473 KB Responses history, 320 KB for a 480 KB Messages one).
+READ_COST_DIVISOR = 2
 _BLOCK = 64 * 1024  # bytes compared at a time when looking for where two bodies part
 # Where the history's opening is looked for: a body spelt otherwise holds none, and is not searched whole for it
 # on each of its requests (a history opening later keys its bucket by the body's start instead).
@@ -142,8 +145,12 @@ class BodyMemo:
         the memo does not hold keeps nothing."""
         with self._lock:
             held = self._by_history.get(id(messages))
-            if held is not None and held.messages is messages and 0 <= count <= len(held.messages):
-                self._reads[id(messages)] = (held.messages, read, count)
+            if held is None or held.messages is not messages or not 0 <= count <= len(held.messages):
+                return
+            if id(messages) not in self._reads:
+                self._held += len(held.body) // READ_COST_DIVISOR
+            self._reads[id(messages)] = (held.messages, read, count)
+            self._within_budget()
 
     def keys_of_view(self, view: View, salt: str) -> list[int] | None:
         """The history index's keys of a view's messages: a chat history's own (keys_of), or those made from the
@@ -231,14 +238,19 @@ class BodyMemo:
                 self._by_history[id(entry.messages)] = entry
                 if read is not None and replaced is not None and read[0] is replaced.messages and read[2] <= shared:
                     self._reads[id(entry.messages)] = (entry.messages, read[1], read[2])
+                    self._held += len(entry.body) // READ_COST_DIVISOR
             while len(kept) > PER_KEY:
                 self._let_go(kept, kept[-1])
             if not kept:
                 del self._buckets[bucket]
-            while self._held > self._budget:
-                _, dropped = self._buckets.popitem(last=False)
-                while dropped:
-                    self._let_go(dropped, dropped[-1])
+            self._within_budget()
+
+    def _within_budget(self) -> None:
+        """Called with the lock held: the least recently used buckets go while more than the budget is held."""
+        while self._held > self._budget and self._buckets:
+            _, dropped = self._buckets.popitem(last=False)
+            while dropped:
+                self._let_go(dropped, dropped[-1])
 
     def _let_go(self, kept: list[_Remembered], entry: _Remembered) -> None:
         """Called with the lock held: `entry` out of the bucket `kept` and out of every account."""
@@ -249,6 +261,7 @@ class BodyMemo:
         read = self._reads.get(id(entry.messages))
         if read is not None and read[0] is entry.messages:
             del self._reads[id(entry.messages)]
+            self._held -= len(entry.body) // READ_COST_DIVISOR
 
     def intact(self) -> bool:
         """Whether every remembered history still encodes to the bytes it was read from, and every kept read still

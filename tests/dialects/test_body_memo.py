@@ -391,3 +391,31 @@ def test_a_read_goes_when_its_history_is_let_go() -> None:
     bodies.read(body_of([message(index + 50, size=2000) for index in range(10)]), "messages")  # another one
     assert bodies.kept_read(first) is None
     assert bodies.intact()
+
+
+def test_a_kept_read_is_charged_to_the_budget_and_given_back_with_its_history() -> None:
+    from proxy.dialects.body_memo import READ_COST_DIVISOR
+
+    history = [message(index, size=2000) for index in range(10)]
+    first_body = body_of(history)
+    bodies = memo()
+    first = bodies.read(first_body, "messages")["messages"]
+    bodies.keep_read(first, Kept(), 9)
+    bodies.keep_read(first, Kept(), 9)  # kept again: charged once
+    charged = COST_PER_BYTE * len(first_body) + len(first_body) // READ_COST_DIVISOR
+    assert bodies.held_bytes == charged
+    grown_body = body_of([*history, message(10, size=2000)])
+    bodies.read(grown_body, "messages")  # the read goes on with the history that grew, charged to it
+    assert bodies.held_bytes == COST_PER_BYTE * len(grown_body) + len(grown_body) // READ_COST_DIVISOR
+
+
+def test_a_kept_read_over_the_budget_lets_the_oldest_go() -> None:
+    history = [message(index, size=2000) for index in range(10)]
+    other = [message(index + 50, size=2000) for index in range(10)]
+    bodies = memo(budget_bytes=2 * COST_PER_BYTE * len(body_of(history)) + 100)
+    first = bodies.read(body_of(history), "messages")["messages"]
+    second = bodies.read(body_of(other), "messages")["messages"]
+    assert bodies.keys_of(first) is not None and bodies.keys_of(second) is not None  # both fit
+    bodies.keep_read(second, Kept(), 9)  # one read more: over the budget, the least recently used goes
+    assert bodies.keys_of(first) is None and bodies.kept_read(second) is not None
+    assert bodies.held_bytes <= 2 * COST_PER_BYTE * len(body_of(history)) + 100
