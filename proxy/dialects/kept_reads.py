@@ -61,7 +61,7 @@ def read_on(items: list[Any], reads: Reads | None, kind: type[R]) -> R | None:
         reader, start = kept[0].copy(), kept[1]
     else:
         reader, start = kind(), 0
-    last = len(items) - 1
+    last = max(len(items) - 1, 0)
     if not all(map(reader.read, itertools.islice(items, start, last))):
         return None
     if reads is not None and start <= last:

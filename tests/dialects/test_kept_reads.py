@@ -112,6 +112,13 @@ def test_a_bad_last_item_still_keeps_the_state_before_it() -> None:
     assert shelf.kept[id(items)][2] == 2
 
 
+def test_an_empty_history_reads_as_the_empty_state() -> None:
+    shelf: Shelf = Shelf()
+    empty: list[Any] = []
+    reader = read_on(empty, shelf, Letters)
+    assert reader is not None and reader.read_items == [] and shelf.kept[id(empty)][2] == 0
+
+
 def test_a_single_item_keeps_the_empty_state() -> None:
     shelf, items = Shelf(), ["a"]
     assert read_on(items, shelf, Letters) is not None
