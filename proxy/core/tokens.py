@@ -110,7 +110,7 @@ class TokenCounter:
 
     def count_value(self, value: Any) -> int:
         """Tokens of a text, or of any other JSON value as its JSON (a tool's input, a block cleared)."""
-        return self.count_text(value if isinstance(value, str) else _json_text(value, ensure_ascii=False))
+        return self.count_text(_value_text(value))
 
     def count_message(self, message: Any) -> int:
         return self._cached_counts([message])[0]
@@ -133,10 +133,8 @@ class TokenCounter:
         `instructions`, Messages' `system`): the instructions (text, or blocks counted as their JSON), the tool
         definitions and the reply primer. The instructions are cached like messages: an agent resends the same
         ones on every turn, and counting Codex's or Claude Code's system prompt anew cost such a request 0.2 ms."""
-        if not instructions:
-            return self.count_tools(tools) + REPLY_PRIMER
-        text = instructions if isinstance(instructions, str) else _json_text(instructions, ensure_ascii=False)
-        return self._kept("aside", text) + self.count_tools(tools) + REPLY_PRIMER
+        kept = self._kept("aside", _value_text(instructions)) if instructions else 0
+        return kept + self.count_tools(tools) + REPLY_PRIMER
 
     def count_tools(self, tools: Any) -> int:
         """Tool definitions counted as their compact JSON schema, cached like messages."""
@@ -256,6 +254,11 @@ class TokenCounter:
             elif value is not None:
                 total += self.count_text(_json_text(value, separators=(",", ":")))
         return total
+
+
+def _value_text(value: Any) -> str:
+    """A text as it is; any other JSON value as its JSON (what count_value counts)."""
+    return value if isinstance(value, str) else _json_text(value, ensure_ascii=False)
 
 
 def _json_text(value: Any, *, separators: tuple[str, str] = (", ", ": "), ensure_ascii: bool = True) -> str:

@@ -76,8 +76,7 @@ class View:
             return list(map(hash, zip(itertools.repeat(salt), owns, itertools.repeat(0))))
         repeated = itertools.chain.from_iterable(map(itertools.repeat, owns, counts))
         places = itertools.chain.from_iterable(map(range, counts))
-        keys = list(map(hash, zip(itertools.repeat(salt), repeated, places)))
-        return keys
+        return list(map(hash, zip(itertools.repeat(salt), repeated, places)))
 
     def back(self, history: Sequence[Message], render: Render) -> list[Any]:
         """`history` (this view's messages, some replaced by what compaction made) as client items.

@@ -49,7 +49,7 @@ class Dialect(AnswerReader, Protocol[CallT]):
     def history(self, call: CallT, reads: Reads | None = None) -> View | None:
         """The conversation the journey may compact, in the neutral view; None when it is not compactable here.
         `reads` (the body memo): a dialect whose view is read from the client's items may go on from its last
-        read of the conversation (dialects.body_memo.Reads)."""
+        read of the conversation (dialects.kept_reads)."""
         ...
 
     def left_alone(self, call: CallT) -> str | None:

@@ -100,12 +100,11 @@ class _Reader:
         self.turn: _Turn | None = None
         self.calls: dict[str, str] = {}  # call_id -> the kind of call
         self.answered: set[str] = set()
-        self.items: list[Any] = []  # every item read, in order
         self.compactions = 0  # compaction items read (the proxy's own would have been opened before the view)
 
     def copy(self) -> _Reader:
         twin = _Reader()
-        twin.groups, twin.items = list(self.groups), list(self.items)
+        twin.groups = list(self.groups)
         twin.turn = self.turn.copy() if self.turn is not None else None
         twin.calls, twin.answered = dict(self.calls), set(self.answered)
         twin.compactions = self.compactions
@@ -113,12 +112,12 @@ class _Reader:
 
     def intact(self) -> bool:
         """Whether reading the same items afresh makes the same groups (KeptRead)."""
+        made = self.copy().finish()
         fresh = _Reader()
-        return all(map(fresh.read, self.items)) and fresh.finish() == self.copy().finish()
+        return all(map(fresh.read, (item for group in made for item in group.items))) and fresh.finish() == made
 
     def read(self, item: Any) -> bool:
         """Takes one item; False when it is one this module does not know (the whole input is then left alone)."""
-        self.items.append(item)
         kind = _kind(item)
         if kind == "message":
             return self._message(item)

@@ -130,7 +130,7 @@ class RedisStore:
         self._client = redis_client(url, username, password, timeout_seconds)
         self._scripts = {name: self._client.register_script(source) for name, source in
                          (("acquire", _ACQUIRE), ("renew", _RENEW), ("finish", _FINISH), ("flying", _FLYING),
-                                                            ("lookup", _LOOKUP))}
+                          ("lookup", _LOOKUP))}
         self._announcements = Announcements()
         self._listener: asyncio.Task[None] | None = None
         self._known = KnownRecords()
@@ -171,7 +171,11 @@ class RedisStore:
     def _keys(self, namespace: str, prefix_hash: str) -> list[str]:
         """Record, lock and the namespace's in-flight set."""
         p = self._prefix
-        return [f"{p}r:{namespace}:{prefix_hash}", f"{p}l:{namespace}:{prefix_hash}", f"{p}f:{namespace}"]
+        return [self._record_head(namespace) + prefix_hash, f"{p}l:{namespace}:{prefix_hash}", f"{p}f:{namespace}"]
+
+    def _record_head(self, namespace: str) -> str:
+        """A record's key but its prefix hash (the lookup script appends each hash on the server)."""
+        return f"{self._prefix}r:{namespace}:"
 
     @property
     def _channel(self) -> str:
@@ -195,7 +199,7 @@ class RedisStore:
         a second over the links before it only when none from it on holds a record any more."""
         if not chain:
             return None
-        head = f"{self._prefix}r:{namespace}:"
+        head = self._record_head(namespace)
 
         async def fetch(hashes: Sequence[str]) -> list[CompactedPrefix] | None:
             reply = await self._calls.quietly("lookup", lambda: self._scripts["lookup"](

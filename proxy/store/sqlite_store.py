@@ -324,9 +324,10 @@ class SqliteStore:
                     return None
                 decoded = (self._known.decoded(namespace, prefix_hash, text, self._decode)
                            for prefix_hash, text in rows)
-                records = [record for record in decoded if record is not None]
-                if longest_verified(records, chain) is not None:  # a later chunk's record is longer than any before
-                    return records
+                # A later chunk's record is longer than any before it: the first one found is the answer.
+                best = longest_verified((record for record in decoded if record is not None), chain)
+                if best is not None:
+                    return [best]
             return []
 
         return await lookup(self._known, namespace, chain, fetch)
