@@ -37,6 +37,17 @@ def new_turn(api: str, message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
+def with_turn(api: str, history: list[dict[str, Any]], message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The API's history with a new user message (chat's shape) after it, as that API's clients send it: Claude
+    Code sends a turn's tool results and the user's words in one user message, so in Messages the words join a
+    history that ends with the user's tool results."""
+    turn = new_turn(api, message)
+    if api == "messages" and history and history[-1]["role"] == "user":
+        last = history[-1]
+        return [*history[:-1], {**last, "content": [*last["content"], *turn["content"]]}]
+    return [*history, turn]
+
+
 def responses_items(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """User and assistant text as messages, each tool call and result as its own item."""
     items: list[dict[str, Any]] = []

@@ -7,9 +7,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from bench.api_bodies import HISTORY_KEYS, PATHS, history_in, new_turn, request_head
+from bench.api_bodies import HISTORY_KEYS, PATHS, history_in, request_head, with_turn
 
 SYSTEM = {"role": "system", "content": "You are a concise assistant. Answer in one short paragraph."}
+# Stands for the new message's words while the rest of a body is encoded once.
+_MARK = "bench-new-message-words-go-here"
 STREAM_CHUNKS = 20
 STREAM_INTERVAL_MS = 10
 HOLD_CHUNKS = 600           # held streams are closed by the client long before the upstream runs out
@@ -77,13 +79,15 @@ class Bodies:
         self.shape = shape
         said = history(shape)
         head = request_head(shape.api, shape.model, shape.stream, said)
-        encoded = json.dumps({**head, HISTORY_KEYS[shape.api]: history_in(shape.api, said)},
+        marked = {**new_message(shape, 0), "content": _MARK}
+        encoded = json.dumps({**head, HISTORY_KEYS[shape.api]: with_turn(shape.api, history_in(shape.api, said),
+                                                                            marked)},
                              separators=(",", ":")).encode()
-        self._prefix = encoded[:-2] + b","  # without the closing "]}" (the history is the last field)
+        # Around the new message's words: the rest is the same bytes on every request.
+        self._before, _, self._after = encoded.partition(json.dumps(_MARK).encode())
 
     def body(self, index: int) -> bytes:
-        message = json.dumps(new_turn(self.shape.api, new_message(self.shape, index)), separators=(",", ":"))
-        return self._prefix + message.encode() + b"]}"
+        return self._before + json.dumps(new_message(self.shape, index)["content"]).encode() + self._after
 
     def payload(self, index: int) -> dict[str, Any]:
         return dict(json.loads(self.body(index)))

@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.view import View
+from proxy.core.view import View, ViewKeys
 from proxy.dialects.call import json_object
 from proxy.dialects.kept_reads import KeptRead
 from proxy.errors import BadRequest
@@ -68,6 +68,17 @@ class _Remembered:
     keys: list[int]  # each message's key in the history index: the hash of its bytes
 
 
+@dataclass(slots=True, eq=False)
+class _Kept:
+    """A reader's state kept with a history (keep_read): the list, the state, how many of the list's messages,
+    from the first, it has read, and the keys of the last view read on from it (View.keyed)."""
+
+    messages: list[Any]
+    read: KeptRead
+    count: int
+    keys: ViewKeys | None
+
+
 class BodyMemo:
     """Reads request bodies, remembering large ones with where their history's messages lie in them.
 
@@ -81,9 +92,8 @@ class BodyMemo:
         self._min = min_bytes
         self._buckets: OrderedDict[int, list[_Remembered]] = OrderedDict()
         self._by_history: dict[int, _Remembered] = {}  # by the id of its messages list, which it keeps alive
-        # What a dialect's reader made of a remembered history (keep_read), by the id of that history's list: the
-        # list, the reader's state, and how many of the list's messages, from the first, it has read.
-        self._reads: dict[int, tuple[list[Any], KeptRead, int]] = {}
+        # What a dialect's reader made of a remembered history (keep_read), by the id of that history's list.
+        self._reads: dict[int, _Kept] = {}
         # The last large body read and what it read as, for a second read of that very body: a glance at it, then
         # its parse. Taken by that read, so no read after it gets it.
         self._last: tuple[bytes, str, dict[str, Any]] | None = None
@@ -134,10 +144,10 @@ class BodyMemo:
         `resuming`: a read goes on from it (counted in `resumed`), not only a look at what it read."""
         with self._lock:
             kept = self._reads.get(id(messages))
-            if kept is None or kept[0] is not messages:
+            if kept is None or kept.messages is not messages:
                 return None
             self.resumed += resuming
-        return kept[1], kept[2]
+        return kept.read, kept.count
 
     def keep_read(self, messages: object, read: KeptRead, count: int) -> None:
         """Keep `read` (a reader's state after the first `count` messages of `messages`, a history this memo read)
@@ -147,9 +157,11 @@ class BodyMemo:
             held = self._by_history.get(id(messages))
             if held is None or held.messages is not messages or not 0 <= count <= len(held.messages):
                 return
-            if id(messages) not in self._reads:
+            earlier = self._reads.get(id(messages))
+            if earlier is None:
                 self._held += len(held.body) // READ_COST_DIVISOR
-            self._reads[id(messages)] = (held.messages, read, count)
+            # The view's keys go on with it: the read on from a kept one shares its groups.
+            self._reads[id(messages)] = _Kept(held.messages, read, count, earlier.keys if earlier else None)
             self._within_budget()
 
     def keys_of_view(self, view: View, salt: str) -> list[int] | None:
@@ -158,8 +170,24 @@ class BodyMemo:
         that list; None otherwise (the index keys each message by its canonical JSON)."""
         if not view.groups:
             return self.keys_of(view.messages)
-        item_keys = self.keys_of(view.source)
-        return None if item_keys is None else view.message_keys(item_keys, salt)
+        source = view.source
+        item_keys = self.keys_of(source)
+        if item_keys is None:
+            return None
+        with self._lock:
+            kept = self._reads.get(id(source))
+        if kept is None or kept.messages is not source:
+            return view.message_keys(item_keys, salt)
+        keyed = view.keyed(item_keys, salt, kept.keys)
+        kept.keys = keyed  # the next view of the conversation keys only the groups it adds
+        return keyed.keys if keyed is not None else None
+
+    def view_keys(self, view: View) -> ViewKeys | None:
+        """The keys keys_of_view made of this very view (its counts of items and messages per group), if kept."""
+        with self._lock:
+            kept = self._reads.get(id(view.source))
+        keyed = kept.keys if kept is not None and kept.messages is view.source else None
+        return keyed if keyed is not None and keyed.groups is view.groups else None
 
     def spliced(self, body: bytes, messages: list[Any], front: bytes, kept_from: int) -> bytes | None:
         """orjson's encoding of the body's object with its history `messages` (a list this memo read from that very
@@ -236,8 +264,9 @@ class BodyMemo:
                 kept.insert(0, entry)
                 self._held += COST_PER_BYTE * len(entry.body)
                 self._by_history[id(entry.messages)] = entry
-                if read is not None and replaced is not None and read[0] is replaced.messages and read[2] <= shared:
-                    self._reads[id(entry.messages)] = (entry.messages, read[1], read[2])
+                if read is not None and replaced is not None and read.messages is replaced.messages and \
+                        read.count <= shared:
+                    self._reads[id(entry.messages)] = _Kept(entry.messages, read.read, read.count, read.keys)
                     self._held += len(entry.body) // READ_COST_DIVISOR
             while len(kept) > PER_KEY:
                 self._let_go(kept, kept[-1])
@@ -259,7 +288,7 @@ class BodyMemo:
         if self._by_history.get(id(entry.messages)) is entry:
             del self._by_history[id(entry.messages)]
         read = self._reads.get(id(entry.messages))
-        if read is not None and read[0] is entry.messages:
+        if read is not None and read.messages is entry.messages:
             del self._reads[id(entry.messages)]
             self._held -= len(entry.body) // READ_COST_DIVISOR
 
@@ -269,7 +298,7 @@ class BodyMemo:
         proxy may do; the test suite asks after each run)."""
         with self._lock:
             held = [entry for kept in self._buckets.values() for entry in kept]
-            reads = [read for _, read, _ in self._reads.values()]
+            reads = [kept.read for kept in self._reads.values()]
         return all(_encodes_to(entry.messages, entry.body, entry.starts[0], entry.ends[-1]) for entry in held) \
             and all(read.intact() for read in reads)
 

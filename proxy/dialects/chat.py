@@ -68,6 +68,12 @@ class ChatDialect:
     def left_alone(self, call: ChatCall) -> str | None:
         return None  # chat's requests that are not compacted say "none", as they always have
 
+    def rendered(self, made: list[Message]) -> list[Any]:
+        return list(made)
+
+    def splices(self, call: ChatCall, view: View, front: list[Any], kept_from: int) -> bool:
+        return False  # spliced as read (forwards_history_as_read), the summary's JSON kept while it is reused
+
     def forwarded(self, call: ChatCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
         payload = {**call.payload, "messages": history}
         if ask_usage:

@@ -68,6 +68,17 @@ class Dialect(AnswerReader, Protocol[CallT]):
         through `view`; usage asked for in a stream if `ask_usage`."""
         ...
 
+    def rendered(self, made: list[Message]) -> list[Any]:
+        """Messages compaction made (a stored summary's, and what follows it of a group its cut split) as the
+        client's items, as `forwarded` renders a run of them."""
+        ...
+
+    def splices(self, call: CallT, view: View, front: list[Any], kept_from: int) -> bool:
+        """Whether `forwarded` sends the client's body with only its history's first `kept_from` items replaced by
+        `front` (rendered): the body may then be spliced from the client's bytes. Chat's never is this way: it
+        splices its messages as read (`forwards_history_as_read`)."""
+        ...
+
     def overhead(self, call: CallT, counter: TokenCounter) -> int:
         """Raw tokens of the request besides its history: tool definitions, instructions kept aside, framing."""
         ...

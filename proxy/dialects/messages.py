@@ -13,7 +13,7 @@ from proxy.core.usage import Usage, token_count
 from proxy.core.view import View
 from proxy.dialects.body import encode_json
 from proxy.dialects.kept_reads import Reads
-from proxy.dialects.messages_blocks import alternate, read_plainly, render, view_of_messages
+from proxy.dialects.messages_blocks import alternate, alternating, read_plainly, render, view_of_messages
 from proxy.dialects.messages_clearing import cleared
 from proxy.dialects.messages_compaction import (
     FAILED_BLOCK,
@@ -159,6 +159,13 @@ class MessagesDialect:
 
     def forwarded(self, call: MessagesCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
         return encode_json({**call.payload, "messages": alternate(view.back(history, render))})
+
+    def rendered(self, made: list[Message]) -> list[Any]:
+        return render(made)
+
+    def splices(self, call: MessagesCall, view: View, front: list[Any], kept_from: int) -> bool:
+        # forwarded merges neighbours of one role (alternate): spliced only where it would merge none.
+        return view.source is not None and alternating(front, view.source[kept_from:])
 
     def overhead(self, call: MessagesCall, counter: TokenCounter) -> int:
         return counter.count_aside(call.payload.get("system"), call.payload.get("tools"))

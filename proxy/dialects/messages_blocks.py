@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 from typing import Any
 
 from proxy.core.fingerprint import dumps_iteratively
@@ -11,6 +13,7 @@ from proxy.core.view import Group, View
 from proxy.dialects.kept_reads import Reads, read_before, read_on
 
 Block = dict[str, Any]
+_ROLE = operator.methodcaller("get", "role")
 # Where a document's bytes live; with no title, the kind names the document for the summariser.
 _DOCUMENT_SOURCES = ("base64", "text", "url", "content", "file")
 # Image sources have no neutral field of their own, so the neutral url spells a file id with this prefix.
@@ -27,7 +30,7 @@ def view_of_messages(value: Any, reads: Reads | None = None) -> View | None:
     if not isinstance(value, list) or not value:
         return None
     reader = read_on(value, reads, _Reader)
-    return View.of(reader.groups, value) if reader is not None else None
+    return View.of(reader.groups, value, reader.messages) if reader is not None else None
 
 
 def read_plainly(messages: object, reads: Reads | None) -> int:
@@ -44,6 +47,7 @@ class _Reader:
 
     def __init__(self) -> None:
         self.groups: list[Group] = []
+        self.messages: list[Message] = []  # the groups' messages, in order
         self.calls: frozenset[str] = frozenset()  # the tool_use ids the message before made: what results may answer
 
     def read(self, message: Any) -> bool:
@@ -53,17 +57,19 @@ class _Reader:
         except _Unreadable:
             return False
         self.groups.append(Group((message,), tuple(messages)))
+        self.messages += messages
         return True
 
     def copy(self) -> _Reader:
         twin = _Reader()
-        twin.groups, twin.calls = list(self.groups), self.calls
+        twin.groups, twin.messages, twin.calls = list(self.groups), list(self.messages), self.calls
         return twin
 
     def intact(self) -> bool:
         """Whether reading the same messages afresh makes the same groups (KeptRead)."""
         fresh = _Reader()
-        return all(fresh.read(group.items[0]) for group in self.groups) and fresh.groups == self.groups
+        return all(fresh.read(group.items[0]) for group in self.groups) and fresh.groups == self.groups and \
+            fresh.messages == self.messages
 
 
 def _read(message: Any, answerable: frozenset[str]) -> tuple[list[Message], frozenset[str]]:
@@ -341,6 +347,13 @@ def alternate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       {**run[0], "content": [block for message in run for block in _as_blocks(message.get("content"))]})
         start = end
     return merged
+
+
+def alternating(front: list[dict[str, Any]], rest: list[Any]) -> bool:
+    """Whether no two neighbours in `front` then `rest` share a role, so alternate() leaves them as they are
+    (it merges only neighbours of one role); looked at at C speed."""
+    roles = list(map(_ROLE, itertools.chain(front, rest)))
+    return not any(map(operator.eq, roles, itertools.islice(roles, 1, None)))
 
 
 def _same_role(first: Any, second: Any) -> bool:

@@ -119,6 +119,12 @@ class ResponsesDialect:
             payload.pop("context_management", None)  # the proxy applies it: not the upstream's to read
         return encode_json(payload)
 
+    def rendered(self, made: list[Message]) -> list[Any]:
+        return render(made)
+
+    def splices(self, call: ResponsesCall, view: View, front: list[Any], kept_from: int) -> bool:
+        return self.upstream_compacts or "context_management" not in call.payload  # else forwarded without it
+
     def overhead(self, call: ResponsesCall, counter: TokenCounter) -> int:
         return counter.count_aside(call.payload.get("instructions"), call.payload.get("tools"))
 
@@ -193,6 +199,9 @@ class ResponsesOverChatDialect(ResponsesDialect):
 
     def forwarded(self, call: ResponsesCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
         return encode_json(chat_request(call.payload, history))
+
+    def splices(self, call: ResponsesCall, view: View, front: list[Any], kept_from: int) -> bool:
+        return False  # what goes upstream is a chat request, not the client's body
 
     def usage(self, payload: Any) -> Usage | None:
         return CHAT.usage(payload)  # the upstream answered as chat completions do

@@ -35,7 +35,7 @@ def view_of_input(value: Any, reads: Reads | None = None) -> View | None:
     if not isinstance(value, list) or not value:
         return None
     reader = read_on(value, reads, _Reader)
-    return View.of(reader.finish(), value) if reader is not None else None
+    return View.of(reader.finish(), value, reader.messages) if reader is not None else None
 
 
 def as_input_items(items: list[Any]) -> list[Any]:
@@ -97,6 +97,7 @@ class _Reader:
 
     def __init__(self) -> None:
         self.groups: list[Group] = []
+        self.messages: list[Message] = []  # the groups' messages, in order
         self.turn: _Turn | None = None
         self.calls: dict[str, str] = {}  # call_id -> the kind of call
         self.answered: set[str] = set()
@@ -104,7 +105,7 @@ class _Reader:
 
     def copy(self) -> _Reader:
         twin = _Reader()
-        twin.groups = list(self.groups)
+        twin.groups, twin.messages = list(self.groups), list(self.messages)
         twin.turn = self.turn.copy() if self.turn is not None else None
         twin.calls, twin.answered = dict(self.calls), set(self.answered)
         twin.compactions = self.compactions
@@ -112,9 +113,11 @@ class _Reader:
 
     def intact(self) -> bool:
         """Whether reading the same items afresh makes the same groups (KeptRead)."""
-        made = self.copy().finish()
+        twin = self.copy()
+        made = twin.finish()
         fresh = _Reader()
-        return all(map(fresh.read, (item for group in made for item in group.items))) and fresh.finish() == made
+        return all(map(fresh.read, (item for group in made for item in group.items))) and fresh.finish() == made \
+            and fresh.messages == twin.messages
 
     def read(self, item: Any) -> bool:
         """Takes one item; False when it is one this module does not know (the whole input is then left alone)."""
@@ -186,10 +189,13 @@ class _Reader:
     def _add(self, item: Any, message: Message) -> None:
         self._close()
         self.groups.append(Group((item,), (message,)))
+        self.messages.append(message)
 
     def _close(self) -> None:
         if self.turn is not None:
-            self.groups.append(Group(tuple(self.turn.items), (self.turn.message(),)))
+            message = self.turn.message()
+            self.groups.append(Group(tuple(self.turn.items), (message,)))
+            self.messages.append(message)
             self.turn = None
 
 

@@ -8,8 +8,8 @@ import json
 import orjson
 import pytest
 
-from bench.api_bodies import APIS, HISTORY_KEYS, PATHS, anthropic_messages, history_in, responses_items
-from bench.bodies import SHAPES, Bodies, long_history
+from bench.api_bodies import APIS, HISTORY_KEYS, PATHS, anthropic_messages, history_in, responses_items, with_turn
+from bench.bodies import SHAPES, Bodies, long_history, new_message
 from proxy.dialects.messages_blocks import view_of_messages
 from proxy.dialects.responses_items import view_of_input
 
@@ -44,8 +44,11 @@ def test_each_apis_bodies_are_the_same_conversation_with_a_new_turn(api: str) ->
     assert orjson.dumps(json.loads(first)) == first
     payload = json.loads(first)
     history = payload[HISTORY_KEYS[api]]
-    assert history[:-1] == history_in(api, list(long_history()))
+    assert history == with_turn(api, history_in(api, list(long_history())), new_message(SHAPES[shape], 1))
     assert "Next step 1" in json.dumps(history[-1])
+    if api == "messages":  # one user message per turn, as Claude Code sends it: the words after the tool results
+        assert all(first["role"] != second["role"] for first, second in itertools.pairwise(history))
+        assert [block["type"] for block in history[-1]["content"]] == ["tool_result", "text"]
     if api != "chat":
         instructions = payload["instructions" if api == "responses" else "system"]
         assert instructions == long_history()[0]["content"]

@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from proxy.compaction.compactor import Conversation
 from proxy.compaction.forwarded_body import ForwardedBody
@@ -104,3 +106,119 @@ def test_an_edited_history_is_encoded_whole(edit: str) -> None:
     assert len(setup.stored) == 0  # nothing spliced
     if edit == "usage asked":
         assert orjson.loads(sent)["stream_options"] == {"include_usage": True}
+
+
+# --- Responses and Messages: the summary rendered as items, the rest the client's bytes ---------------------------
+
+def responses_items(turns: int) -> list[Any]:
+    items: list[Any] = []
+    for index in range(turns):
+        call = f"call_{index}"
+        items += [{"type": "message", "role": "user", "content": f"step {index} é " + "words " * 30},
+                  {"type": "function_call", "call_id": call, "name": "shell", "arguments": "{\"n\": 1}"},
+                  {"type": "function_call_output", "call_id": call, "output": f"result {index} " + "x" * 50}]
+    return items
+
+
+def messages_items(turns: int) -> list[Any]:
+    items: list[Any] = []
+    for index in range(turns):
+        call = f"toolu_{index}"
+        items += [{"role": "user", "content": f"step {index} 中 " + "words " * 30},
+                  {"role": "assistant", "content": [{"type": "text", "text": "on it"},
+                                                    {"type": "tool_use", "id": call, "name": "bash",
+                                                     "input": {"cmd": "ls"}}]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call, "content": "out"}]},
+                  {"role": "assistant", "content": f"done {index}"}]
+    return [*items, {"role": "user", "content": "go on"}]
+
+
+def dialect_of(name: str) -> Any:
+    from proxy.dialects.messages import MessagesDialect
+    from proxy.dialects.messages_over_chat import MessagesOverChatDialect
+    from proxy.dialects.responses import ResponsesDialect, ResponsesOverChatDialect
+
+    return {"responses": ResponsesDialect(), "messages": MessagesDialect(),
+            "responses over chat": ResponsesOverChatDialect(),
+            "messages over chat": MessagesOverChatDialect()}[name]
+
+
+class ItemsSetup:
+    """A reuse hit in a dialect read from the client's items, with the summary's cut after message `cut`."""
+
+    def __init__(self, name: str, items: list[Any], cut: int, *, keyed: bool = True, **fields: Any) -> None:
+        self.dialect = dialect_of(name)
+        key = self.dialect.history_key
+        self.memo = BodyMemo(min_bytes=0)
+        self.body = orjson.dumps({"model": "m", key: items, **fields})
+        self.call = self.dialect.parse(self.body, {}, "", self.memo.read(self.body, key), self.memo)
+        view = self.dialect.history(self.call, self.memo)
+        assert view is not None
+        if keyed:  # as the journey does: its keys (and their counts) kept in the memo
+            assert self.memo.keys_of_view(view, name) is not None and self.memo.view_keys(view) is not None
+        counter, calibration = TokenCounter(), Calibration()
+        history = HistoryIndex(counter).read(view.messages, "ns")
+        record = CompactedPrefix(history.chain[cut - 1], cut, SUMMARY, 900, 90, "m", 0.0)
+        self.journey: Journey[Any] = Journey(
+            self.call, view, Conversation(view.messages, history.chain, "ns", record),
+            Limits(window=100_000, threshold=0.8, target=0.5, reserve=0), history, 5)
+        self.tokens = JourneyTokens(counter, calibration,
+                                    ToolStages(settings_from_mapping({}, env={}), counter, calibration, None))
+        self.stored = StoredReplacements()
+        self.forwarded = ForwardedBody(self.dialect, self.memo, self.stored, self.tokens)
+
+    def encoded_whole(self) -> bytes:
+        return bytes(self.dialect.forwarded(self.call, self.journey.view, self.tokens.messages(self.journey),
+                                            ask_usage=False))
+
+
+@pytest.mark.parametrize("name, items, cut, fields, spliced", [
+    ("responses", responses_items(6), 6, {}, True),                     # at a turn's start
+    ("responses", responses_items(6), 7, {"store": False, "tools": [{"type": "function"}]}, True),
+    ("responses", responses_items(6), 6, {"context_management": [{"type": "compaction"}]}, False),
+    ("messages", messages_items(6), 8, {}, True),                       # a user message follows the summary's reply
+    ("messages", messages_items(6), 9, {}, False),                      # an assistant one: forwarded merges them
+    ("messages", [*messages_items(3), {"role": "user", "content": "again"}], 4, {}, False),  # the client's own
+                                                                                             # neighbours of one role
+    ("messages", messages_items(6), 4, {"system": "be brief", "max_tokens": 100}, True),
+    ("responses over chat", responses_items(6), 6, {}, False),
+    ("messages over chat", messages_items(6), 8, {}, False),
+], ids=["responses", "responses-fields", "responses-context-management", "messages", "messages-merged",
+        "messages-clients-neighbours", "messages-fields", "responses-over-chat", "messages-over-chat"])
+def test_a_reuse_hit_in_items_is_spliced_where_forwarded_would_send_the_same(
+        name: str, items: list[Any], cut: int, fields: dict[str, Any], spliced: bool) -> None:
+    for keyed in (True, False):  # the view's counts from its keys in the memo, or counted here
+        setup = ItemsSetup(name, items, cut, keyed=keyed, **fields)
+        sent = setup.forwarded.of(setup.journey, ask_usage=False)
+        assert sent == setup.encoded_whole()
+        assert setup.forwarded.spliced == spliced
+        assert setup.forwarded.of(setup.journey, ask_usage=False) == sent  # again: the summary rendered once
+        assert len(setup.stored) == 1  # rendered once, spliced or not
+
+
+def test_a_group_the_cut_splits_is_rendered_after_the_summary() -> None:
+    items = messages_items(4)  # a user item holding a tool result and text: two messages, one group
+    items[2]["content"].append({"type": "text", "text": "and then?"})
+    probe = ItemsSetup("messages", items, 1).journey.view
+    inside = next(index for index, group in enumerate(probe.groups) if len(group.messages) > 1)
+    cut = sum(len(group.messages) for group in probe.groups[:inside]) + 1  # between its result and its text
+    setup = ItemsSetup("messages", items, cut)
+    assert setup.journey.view.kept_after(cut) == (cut + 1, inside + 1)
+    sent = setup.forwarded.of(setup.journey, ask_usage=False)
+    assert sent == setup.encoded_whole() and setup.forwarded.spliced == 1
+    assert orjson.loads(sent)["messages"][3:] == items[inside + 1:]  # summary, reply, the text; the rest
+
+
+@settings(max_examples=80, deadline=None)
+@given(name=st.sampled_from(["responses", "messages"]), turns=st.integers(1, 5), data=st.data(),
+       text=st.sampled_from([False, True]))
+def test_any_cut_forwards_what_encoding_whole_forwards(name: str, turns: int, data: st.DataObject,
+                                                       text: bool) -> None:
+    items = messages_items(turns) if name == "messages" else responses_items(turns)
+    if text and name == "messages":
+        items[2]["content"].append({"type": "text", "text": "and then?"})  # a group of two messages
+    probe = ItemsSetup(name, items, 1)
+    cut = data.draw(st.integers(1, len(probe.journey.view.messages) - 1))
+    setup = ItemsSetup(name, items, cut, keyed=data.draw(st.booleans()))
+    assert setup.forwarded.of(setup.journey, ask_usage=False) == setup.encoded_whole()
+    event(f"spliced={setup.forwarded.spliced}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
 import pytest
@@ -55,6 +56,25 @@ def test_the_encoding_is_orjsons_without_brackets_made_once_and_made_again_for_a
     assert stored.encoded(KEY, SUMMARY) is first  # kept, not made again
     newer = ({"role": "user", "content": "newer"},)
     assert stored.encoded(KEY, newer) == orjson.dumps(list(newer))[1:-1]
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_rendering_is_made_once_per_dialect_and_again_for_a_new_replacement(refused: bool) -> None:
+    stored, asked = StoredReplacements(), []
+
+    def render(dialect: str) -> Any:
+        def made(replacement: Sequence[Message]) -> Any:
+            asked.append((dialect, replacement))
+            return None if refused else ([{"rendered": dialect}], b"encoded " + dialect.encode())
+        return made
+
+    first = stored.rendered(KEY, SUMMARY, "responses", render("responses"))
+    assert first == (None if refused else ([{"rendered": "responses"}], b"encoded responses"))
+    assert stored.rendered(KEY, SUMMARY, "responses", render("responses")) is first  # kept, refused or not
+    stored.rendered(KEY, SUMMARY, "messages", render("messages"))  # another dialect's own
+    newer = ({"role": "user", "content": "newer"},)
+    stored.rendered(KEY, newer, "responses", render("responses"))  # the key's summary replaced
+    assert asked == [("responses", SUMMARY), ("messages", SUMMARY), ("responses", newer)]
 
 
 def test_encoding_and_counts_are_kept_together() -> None:

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.core.messages import Message
-from proxy.core.view import Group, View
+from proxy.core.view import Group, View, ViewKeys, _keys, _shared_groups
 
 # A client's items: "call" (two neutral messages from one item, like a tool call and its result in one message),
 # "ask" and "answer" (one message each).
@@ -127,3 +127,142 @@ def test_keys_only_for_groups_read_from_the_source_in_order(case: str) -> None:
     else:
         view = View.of(groups, [*items, {"kind": "more"}])
     assert view.message_keys([1] * len(view.source or items), "x") is None
+
+
+# --- keyed: the keys of the groups a view shares with the conversation's last one are kept -------------------------
+
+def item(name: str) -> dict[str, Any]:
+    return {"kind": name}
+
+
+def group(name: str, items: int = 1, messages: int = 1) -> Group:
+    """A group of `items` client items making `messages` neutral messages (0: a group that makes none)."""
+    return Group(tuple(item(f"{name}.{index}") for index in range(items)),
+                 tuple({"role": "user", "content": f"{name} {index}"} for index in range(messages)))
+
+
+def item_keys(view: View) -> list[int]:
+    """Keys as the body memo gives them: equal items, equal keys."""
+    return [hash(repr(one)) for one in view.source or ()]
+
+
+FIRST = [group("a"), group("b", items=2), group("c", messages=2), group("d"), group("e", items=3, messages=3)]
+
+
+@pytest.mark.parametrize("later, shared", [
+    (lambda groups: [*groups, group("f"), group("g", messages=0)], 5),  # a turn added
+    (lambda groups: [*groups[:-1], group("z")], 4),                     # the last one changed
+    (lambda groups: list(groups), 5),                                    # resent as it was
+    (lambda groups: groups[:2], 2),                                      # cut
+    (lambda groups: [groups[0], group("b", items=2)], 1),                # an equal group, another object
+    (lambda groups: [groups[0], group("b", items=2), *groups[2:]], 0),   # ... and the same ones again: afresh
+    (lambda groups: [group("x"), *groups[1:]], 0),                       # parts at the first
+])
+def test_a_view_keyed_from_the_last_one_is_keyed_as_afresh(later: Any, shared: int) -> None:
+    first = keyed(FIRST)
+    earlier = first.keyed(item_keys(first), "messages")
+    assert earlier is not None and earlier.shared == 0
+    view = keyed(later(FIRST))
+    got = view.keyed(item_keys(view), "messages", earlier)
+    assert got is not None and got.shared == shared
+    assert got.keys == view.message_keys(item_keys(view), "messages")
+    again = view.keyed(item_keys(view), "messages")
+    assert again is not None and (got.items, got.messages) == (again.items, again.messages)
+
+
+def test_the_shared_groups_keys_are_the_earlier_ones_not_made_again() -> None:
+    first = keyed(FIRST)
+    made = first.keyed(item_keys(first), "messages")
+    assert made is not None
+    marked = ViewKeys(made.salt, made.groups, made.items, made.messages, [-1] * len(made.keys), 0)
+    view = keyed([*FIRST[:-1], group("z")])
+    got = view.keyed(item_keys(view), "messages", marked)
+    assert got is not None and got.keys[:made.messages[4]] == [-1] * made.messages[4]
+    assert -1 not in got.keys[made.messages[4]:]
+
+
+@pytest.mark.parametrize("case", ["another salt", "counted otherwise", "a source not lined up"])
+def test_earlier_keys_that_do_not_line_up_are_not_taken(case: str) -> None:
+    first = keyed(FIRST)
+    made = first.keyed(item_keys(first), "messages")
+    assert made is not None
+    view = keyed([*FIRST, group("f")])
+    salt = "responses" if case == "another salt" else "messages"
+    if case == "counted otherwise":
+        made = ViewKeys(made.salt, made.groups, [count + 1 for count in made.items], made.messages, made.keys, 0)
+    elif case == "a source not lined up":
+        view = View.of(view.groups, [item("stray"), *(view.source or [])][:-1])
+    got = view.keyed(item_keys(view), salt, made)
+    expected = view.message_keys(item_keys(view), salt)
+    assert (got.keys if got is not None else None) == expected
+    assert got is None or got.shared == 0
+
+
+@given(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 3)), min_size=1, max_size=12),
+       st.lists(st.tuples(st.integers(1, 3), st.integers(0, 3)), max_size=6),
+       st.integers(0, 12), st.sampled_from(["messages", "responses"]))
+def test_keyed_on_is_keyed_afresh(shapes: list[tuple[int, int]], added: list[tuple[int, int]], kept: int,
+                                  salt: str) -> None:
+    """Any earlier view (groups of 1-3 items making 0-3 messages), any next one keeping some of its groups and
+    adding others: the keys are those made afresh."""
+    groups = [group(f"g{index}", items, messages) for index, (items, messages) in enumerate(shapes)]
+    first = keyed(groups)
+    earlier = first.keyed(item_keys(first), salt)
+    assert earlier is not None
+    view = keyed(groups[:kept] + [group(f"n{index}", items, messages) for index, (items, messages) in
+                                  enumerate(added)])
+    got = view.keyed(item_keys(view), salt, earlier)
+    if not view.groups:
+        return
+    assert got is not None and got.keys == view.message_keys(item_keys(view), salt)
+    assert got.shared == min(kept, len(groups))
+
+
+@pytest.mark.parametrize("sizes, counts, expected", [
+    ([1, 1, 1], [1, 1, 1], [("s", 1, 0), ("s", 2, 0), ("s", 3, 0)]),
+    ([1, 1], [2, 1], [("s", 1, 0), ("s", 1, 1), ("s", 2, 0)]),
+    ([1, 1, 1], [1, 1, 2], [("s", 1, 0), ("s", 2, 0), ("s", 3, 0), ("s", 3, 1)]),
+    ([1, 1, 1], [1, 0, 3], [("s", 1, 0), ("s", 3, 0), ("s", 3, 1), ("s", 3, 2)]),
+    ([2, 1], [1, 2], [("s", (1, 2), 0), ("s", 3, 0), ("s", 3, 1)]),
+    ([], [], []),
+])
+def test_keys_as_a_table(sizes: list[int], counts: list[int], expected: list[Any]) -> None:
+    assert _keys(list(range(1, sum(sizes) + 1)), sizes, counts, "s") == list(map(hash, expected))
+
+
+@pytest.mark.parametrize("left, right, shared", [
+    ("abc", "abc", 3), ("abc", "abx", 2), ("abc", "ab", 2), ("abc", "xbc", 0), ("", "abc", 0),
+    ("abcd", "abxd", 2),  # parted at c: d, the same object again after, is not shared
+])
+def test_shared_groups_as_a_table(left: str, right: str, shared: int) -> None:
+    made = {name: group(name) for name in "abcdx"}
+    assert _shared_groups([made[name] for name in left], [made[name] for name in right]) == shared
+
+
+@pytest.mark.parametrize("count, expected", [(0, None), (1, (1, 1)), (2, (3, 2)), (3, (3, 2)), (4, None),
+                                             (5, None)],
+                         ids=["none", "after ASK", "inside CALL", "after CALL", "all", "past the end"])
+def test_what_is_kept_after_a_cut_as_a_table(count: int, expected: tuple[int, int] | None) -> None:
+    view = keyed([ASK, CALL, ANSWER])
+    assert view.kept_after(count) == expected
+    keys = view.keyed(item_keys(view), "x")
+    assert view.kept_after(count, keys) == expected  # the same from the view's keys' counts
+
+
+def test_a_group_that_makes_no_message_after_the_cut_keeps_nothing() -> None:
+    view = keyed([ASK, group("empty", messages=0), ANSWER])
+    assert view.kept_after(1) is None and view.kept_after(1, view.keyed(item_keys(view), "x")) is None
+
+
+def test_keys_of_another_view_are_not_taken_for_its_counts() -> None:
+    view, other = keyed([ASK, CALL, ANSWER]), keyed([CALL, ASK, ANSWER])
+    assert view.kept_after(1, other.keyed(item_keys(other), "x")) == (1, 1)
+
+
+@pytest.mark.parametrize("case", ["no source", "a source not lined up", "a source with an item more"])
+def test_what_is_kept_after_a_cut_is_the_sources(case: str) -> None:
+    groups = [ASK, CALL, ANSWER]
+    items = [item for group in groups for item in group.items]
+    source = None if case == "no source" else \
+        [*items[:2], dict(items[2])] if case == "a source not lined up" else [*items, {"kind": "more"}]
+    assert View.of(groups, source).kept_after(1) is None

@@ -171,14 +171,41 @@ def resend(kind: str, shapes: list[tuple[int, int]]) -> BodyMemo:
         if resumed is not None and fresh is not None:
             assert resumed.messages == fresh.messages
             assert resumed.groups == fresh.groups
+            assert resumed.messages == [message for group in resumed.groups for message in group.messages]
+            assert bodies.keys_of_view(resumed, kind) == fresh_keys(kind, body)
     assert bodies.intact()
     return bodies
+
+
+def fresh_keys(kind: str, body: bytes) -> list[int] | None:
+    """The history index's keys of a body's view, read by a memo that has seen nothing before it."""
+    key, _, view_of = DIALECTS[kind]
+    alone = BodyMemo(min_bytes=SMALL, key_bytes=SMALL)
+    view = view_of(alone.read(body, key)[key])
+    return alone.keys_of_view(view, kind) if view is not None else None
 
 
 @pytest.mark.parametrize("kind", DIALECTS)
 def test_an_agent_loop_goes_on_from_each_last_read(kind: str) -> None:
     bodies = resend(kind, [(turns, 0) for turns in range(1, 12)])
     assert bodies.resumed == 10
+
+
+@pytest.mark.parametrize("kind", DIALECTS)
+def test_an_agent_loop_keys_only_the_groups_each_turn_adds(kind: str) -> None:
+    key, turn, view_of = DIALECTS[kind]
+    bodies = BodyMemo(min_bytes=SMALL, key_bytes=SMALL)
+    shared, groups = [], []
+    for turns in range(1, 6):
+        items = [item for index in range(turns) for item in turn(index)]
+        view = view_of(bodies.read(orjson.dumps({"model": "m", key: items}), key)[key], bodies)
+        assert view is not None and bodies.keys_of_view(view, kind) is not None
+        kept = bodies._reads[id(view.source)].keys
+        assert kept is not None and kept.groups == view.groups
+        shared.append(kept.shared)
+        groups.append(len(view.groups))
+    # Each view keeps the keys of every group of the one before but its last (read again after the kept read).
+    assert shared == [0] + [count - 1 for count in groups[:-1]]
 
 
 @settings(max_examples=60, deadline=None)
@@ -200,7 +227,8 @@ def test_a_kept_read_changed_in_place_is_told(kind: str) -> None:
 
 
 def test_conversations_in_threads_at_once_each_read_their_own() -> None:
-    """Four conversations of each dialect through one memo from eight threads: every view is the fresh one."""
+    """Four conversations of each dialect through one memo from eight threads: every view, and its keys, are the
+    fresh ones."""
     bodies = BodyMemo(min_bytes=SMALL, key_bytes=SMALL)
     failures: list[str] = []
 
@@ -212,7 +240,8 @@ def test_conversations_in_threads_at_once_each_read_their_own() -> None:
             items += [item for index in range(turns) for item in turn(index)]
             body = orjson.dumps({"model": "m", key: items})
             resumed, fresh = view_of(bodies.read(body, key)[key], bodies), view_of(json.loads(body)[key])
-            if resumed is None or fresh is None or resumed.groups != fresh.groups:
+            if resumed is None or fresh is None or resumed.groups != fresh.groups or \
+                    bodies.keys_of_view(resumed, kind) != fresh_keys(kind, body):
                 failures.append(f"{kind} {salt} {turns}")
 
     threads = [threading.Thread(target=converse, args=(kind, salt)) for kind in DIALECTS for salt in range(4)]
