@@ -57,13 +57,12 @@ def read_on(items: list[Any], reads: Reads | None, kind: type[R]) -> R | None:
     request may hold more after it (a turn added), or another last item (a client that resends the history with a
     new last message), and both go on from there."""
     kept = reads.kept_read(items) if reads is not None else None
-    if kept is not None and type(kept[0]) is kind:
-        reader, start = kept[0].copy(), kept[1]
-    else:
-        reader, start = kind(), 0
+    held = kept[0] if kept is not None and type(kept[0]) is kind else None
+    reader, start = (held.copy(), kept[1]) if held is not None and kept is not None else (kind(), 0)
     last = max(len(items) - 1, 0)
     if not all(map(reader.read, itertools.islice(items, start, last))):
         return None
     if reads is not None and start <= last:
-        reads.keep_read(items, reader.copy(), last)
+        # Nothing read on (the last item changed): the kept state is this one's already, and is never changed.
+        reads.keep_read(items, held if held is not None and start == last else reader.copy(), last)
     return reader if all(map(reader.read, itertools.islice(items, max(start, last), None))) else None

@@ -76,12 +76,13 @@ def test_the_state_before_the_last_item_is_kept() -> None:
     assert count == 3 and isinstance(kept, Letters) and kept.read_items == list("abc")
 
 
-@pytest.mark.parametrize("later, read_again", [
-    (list("abcdef"), list("def")),   # two items more: from the kept state on (the last item read again)
-    (list("abcx"), list("x")),       # the last item changed
-    (list("abcd"), list("d")),       # the same again
+@pytest.mark.parametrize("later, read_again, kept_again", [
+    (list("abcdef"), list("def"), False),   # two items more: from the kept state on (the last item read again)
+    (list("abcx"), list("x"), True),        # the last item changed: the kept state is kept again, not copied
+    (list("abcd"), list("d"), True),        # the same again
 ])
-def test_a_history_that_grew_goes_on_from_the_kept_state(later: list[str], read_again: list[str]) -> None:
+def test_a_history_that_grew_goes_on_from_the_kept_state(later: list[str], read_again: list[str],
+                                                         kept_again: bool) -> None:
     shelf, first = Shelf(), list("abcd")
     read_on(first, shelf, Letters)
     kept = shelf.kept[id(first)]
@@ -91,6 +92,8 @@ def test_a_history_that_grew_goes_on_from_the_kept_state(later: list[str], read_
     assert reader.copies >= 1  # went on from a copy of the kept state, which itself is unchanged
     assert kept[1].read_items == list("abc")
     assert reader.read_items[3:] == later[3:] and read_again == later[3:]
+    assert (shelf.kept[id(later)][1] is kept[1]) == kept_again
+    assert shelf.kept[id(later)][1].read_items == later[:-1]
 
 
 def test_a_state_of_another_kind_is_not_gone_on_from() -> None:
