@@ -66,14 +66,15 @@ def judged(settings: Settings, stated: Callable[[str], int | None], markers: tup
     return model if far_below(len(body), reserve, first_limit(settings, model, window)) else None
 
 
-def markers_for(settings: Settings, quick: tuple[bytes, ...] | None,
-                uncounted: tuple[bytes, ...]) -> tuple[bytes, ...] | None:
-    """What a glance looks for in a dialect's bodies: what the proxy acts on, and with compaction on, content whose
-    tokens its bytes do not bound (off, nothing is counted: a 500 KB history with an image needs nothing either,
-    and each marker is a pass over the body)."""
+def markers_for(settings: Settings, quick: tuple[bytes, ...] | None, uncounted: tuple[bytes, ...],
+                alone: tuple[bytes, ...] = ()) -> tuple[bytes, ...] | None:
+    """What a glance looks for in a dialect's bodies: what the proxy acts on, and with compaction on, what makes a
+    request one it leaves alone (the answer says why) and content whose tokens its bytes do not bound. Off, neither
+    matters: every request goes as it came, a 500 KB history with an image too, and each marker is a pass over the
+    body (the three that only say why cost a 485 KB Responses history 0.48 ms of its 1.55)."""
     if quick is None:
         return None
-    return quick + uncounted if settings.compaction.enabled else quick
+    return quick + alone + uncounted if settings.compaction.enabled else quick
 
 
 def payload_of(body: bytes, headers: Mapping[str, str], markers: tuple[bytes, ...] | None, *,

@@ -78,7 +78,8 @@ class Pipeline(Generic[C]):
         self._ahead = Ahead(settings, dialect, compactor, self._stages, self._tokens)
         self._answer_headers = AnswerHeaders(settings, dialect, metrics, self._recorder, self._tokens)
         self._forwarded = ForwardedBody(dialect, self._bodies, compactor.replacements, self._tokens)
-        self._markers = glance.markers_for(settings, dialect.quick_markers, dialect.uncounted_markers)
+        self._markers = glance.markers_for(settings, dialect.quick_markers, dialect.uncounted_markers,
+                                           dialect.alone_markers)
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str) -> C:
         """The client's request as its dialect reads it (BadRequest when it cannot)."""

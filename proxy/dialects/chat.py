@@ -53,6 +53,7 @@ class ChatDialect:
     path = "/chat/completions"
     quick_markers: tuple[bytes, ...] | None = ()  # nothing in a body asks the proxy for anything
     uncounted_markers: tuple[bytes, ...] = (b'"image_url"', b'"input_audio"', b'"file"')
+    alone_markers: tuple[bytes, ...] = ()
     history_key = "messages"
     forwards_history_as_read = True
 

@@ -33,6 +33,9 @@ class Dialect(AnswerReader, Protocol[CallT]):
     # Content whose tokens its bytes do not bound (an image, a file, audio): only the count needs such a request
     # read, so with compaction off a glance does not look for these.
     uncounted_markers: tuple[bytes, ...]
+    # Fields that only make a request one the journey leaves alone (Dialect.left_alone): read with compaction on,
+    # where the answer says why; with it off every request goes as it came, so a glance does not look for these.
+    alone_markers: tuple[bytes, ...]
     # The body's field that holds the history ("messages", "input"): where a resent history is found in its bytes.
     history_key: str
     # Whether the history's values are the neutral messages themselves and `forwarded` is the body's object with

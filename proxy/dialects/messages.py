@@ -116,6 +116,7 @@ class MessagesDialect:
     # Compaction blocks and on-demand compaction, context-management edits.
     quick_markers: tuple[bytes, ...] | None = (b'"compaction', b'"context_management"')
     uncounted_markers: tuple[bytes, ...] = (b'"image"', b'"document"')
+    alone_markers: tuple[bytes, ...] = ()  # what the upstream manages is told by the edits the proxy reads anyway
     history_key = "messages"
     forwards_history_as_read = False
 

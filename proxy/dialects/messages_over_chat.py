@@ -73,6 +73,7 @@ class MessagesOverChatDialect(MessagesDialect):
     path = "/chat/completions"
     quick_markers: tuple[bytes, ...] | None = None  # every request is translated
     uncounted_markers: tuple[bytes, ...] = ()
+    alone_markers: tuple[bytes, ...] = ()
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str,
               payload: dict[str, Any] | None = None, reads: Reads | None = None) -> MessagesCall:

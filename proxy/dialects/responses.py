@@ -84,10 +84,10 @@ class ResponsesDialect:
 
     name = "responses"
     path = "/responses"
-    # Compaction items and triggers, context management, a history kept upstream.
-    quick_markers: tuple[bytes, ...] | None = (
-        b'"compaction', b'"context_management"', b'"truncation"', b'"previous_response_id"', b'"conversation"')
+    # Compaction items and triggers, context management; then a history kept upstream, the upstream's truncation.
+    quick_markers: tuple[bytes, ...] | None = (b'"compaction', b'"context_management"')
     uncounted_markers: tuple[bytes, ...] = (b'"input_image"', b'"input_file"', b'"input_audio"')
+    alone_markers: tuple[bytes, ...] = (b'"truncation"', b'"previous_response_id"', b'"conversation"')
     history_key = "input"
     forwards_history_as_read = False
 
@@ -182,6 +182,7 @@ class ResponsesOverChatDialect(ResponsesDialect):
     path = "/chat/completions"
     quick_markers: tuple[bytes, ...] | None = None  # every request is translated
     uncounted_markers: tuple[bytes, ...] = ()
+    alone_markers: tuple[bytes, ...] = ()
 
     def parse(self, body: bytes, headers: Mapping[str, str], query: str,
               payload: dict[str, Any] | None = None, reads: Reads | None = None) -> ResponsesCall:

@@ -22,7 +22,7 @@ from proxy.errors import BadRequest
 from proxy.headers import MODE
 
 CHAT_ON = (*(CHAT.quick_markers or ()), *CHAT.uncounted_markers)  # what compaction on looks for
-RESPONSES_ON = (*(RESPONSES.quick_markers or ()), *RESPONSES.uncounted_markers)
+RESPONSES_ON = (*(RESPONSES.quick_markers or ()), *RESPONSES.alone_markers, *RESPONSES.uncounted_markers)
 MESSAGES_ON = (*(MESSAGES.quick_markers or ()), *MESSAGES.uncounted_markers)
 SMALL = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
@@ -36,7 +36,8 @@ SMALL = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}
     (b'{"model": "m", "input": [{"type": "input_image", "image_url": "x"}]}', {}, RESPONSES_ON, False),
     (b'{"model": "m", "input": [{"type": "compaction", "encrypted_content": "x"}]}', {},
      RESPONSES.quick_markers, False),
-    (b'{"model": "m", "input": "hi", "previous_response_id": "resp_1"}', {}, RESPONSES.quick_markers, False),
+    (b'{"model": "m", "input": "hi", "previous_response_id": "resp_1"}', {}, RESPONSES_ON, False),
+    (b'{"model": "m", "input": "hi", "previous_response_id": "resp_1"}', {}, RESPONSES.quick_markers, True),  # off
     (b'{"model": "m", "messages": [], "context_management": {"edits": []}}', {}, MESSAGES.quick_markers, False),
     (b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "image"}]}]}', {}, MESSAGES_ON, False),
     (b'{"model": "m", "messages": [', {}, CHAT.quick_markers, False),           # broken: the whole way says why
@@ -56,14 +57,17 @@ def settings_with(**compaction: Any) -> Settings:
     (CHAT, True, CHAT_ON),
     (CHAT, False, ()),                                         # off: nothing in a chat body asks for anything
     (RESPONSES, True, RESPONSES_ON),
-    (RESPONSES, False, RESPONSES.quick_markers),               # a compaction item is the proxy's, on or off
+    (RESPONSES, False, (b'"compaction', b'"context_management"')),  # a compaction item is the proxy's, on or off
+    (RESPONSES, True, (b'"compaction', b'"context_management"', b'"truncation"', b'"previous_response_id"',
+                       b'"conversation"', *RESPONSES.uncounted_markers)),  # on: what it leaves alone, it says why
     (MESSAGES, False, (b'"compaction', b'"context_management"')),
     (MESSAGES_OVER_CHAT, True, None),                          # translated: every request read
     (RESPONSES_OVER_CHAT, False, None),
 ])
 def test_the_markers_looked_for_follow_the_compaction_switch(dialect: Any, enabled: bool,
                                                             expected: tuple[bytes, ...] | None) -> None:
-    markers = glance.markers_for(settings_with(enabled=enabled), dialect.quick_markers, dialect.uncounted_markers)
+    markers = glance.markers_for(settings_with(enabled=enabled), dialect.quick_markers, dialect.uncounted_markers,
+                                 dialect.alone_markers)
     assert markers == expected
 
 

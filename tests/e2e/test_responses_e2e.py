@@ -126,6 +126,38 @@ async def test_a_history_the_proxy_cannot_shorten_is_forwarded_and_the_proxy_say
         in metrics
 
 
+@pytest.mark.parametrize("fields", [{"previous_response_id": "resp_0"}, {"conversation": "conv_1"},
+                                    {"truncation": "auto"}])
+async def test_with_compaction_off_a_request_the_proxy_would_leave_alone_goes_unread(
+        fields: dict[str, Any], model: ResponsesModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    """Off, every request goes as it came, so what only makes one the proxy leaves alone is not looked for: the body
+    is relayed unread, even one its guards would refuse (nested deeper than the proxy reads), and the upstream
+    judges it."""
+    proxy = await make_proxy({"compaction": {"enabled": False}})
+    nested: Any = "deep"
+    for _ in range(150):
+        nested = {"n": nested}
+    body = {"model": "m", "input": [{"role": "user", "content": "hello", "metadata": nested}], **fields}
+    sent = json.dumps(body, separators=(",", ":")).encode()
+    async with aiohttp.ClientSession() as session, session.post(
+            f"{proxy.url}/v1/responses", data=sent, headers={"Content-Type": "application/json"}) as response:
+        assert response.status == 200, await response.text()
+        assert response.headers["x-compaction"] == "none"
+    assert fake.requests[-1].body == sent  # byte for byte
+
+
+async def test_with_compaction_off_context_management_is_still_the_proxys(
+        model: ResponsesModel, fake: FakeUpstream, make_proxy: ProxyFactory) -> None:
+    """What the proxy acts on, on or off, is still looked for: a `context_management` entry is read and kept off
+    the body the upstream sees (it does not compact)."""
+    proxy = await make_proxy({"compaction": {"enabled": False}})
+    client = async_client(proxy.url)
+    managed = {"context_management": [{"type": "compaction", "compact_threshold": 50_000}]}
+    answer = await client.responses.with_raw_response.create(model="m", input="hello", extra_body=managed)
+    assert answer.status_code == 200
+    assert "context_management" not in fake.requests[-1].json() and fake.requests[-1].json()["input"] == "hello"
+
+
 async def metrics_text(base: str) -> str:
     async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as response:
         return await response.text()
