@@ -16,7 +16,7 @@ import bisect
 import functools
 import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,8 +83,7 @@ class View:
         rest = self.groups[shared:]
         items_of = list(map(_ITEMS, rest))
         sizes = list(map(len, items_of))
-        read = itertools.chain.from_iterable(items_of)
-        if sum(sizes) != len(source) - start or not all(map(operator.is_, read, itertools.islice(source, start, None))):
+        if not _read_from(itertools.chain.from_iterable(items_of), sum(sizes), source, start):
             return None
         counts = list(map(len, map(_MESSAGES, rest)))
         made = _keys(item_keys[start:], sizes, counts, salt)
@@ -105,19 +104,17 @@ class View:
         source = self.source
         if source is None or count <= 0:
             return None
-        known = keyed is not None and keyed.groups is self.groups
-        starts = keyed.messages if keyed is not None and known else \
+        keyed = keyed if keyed is not None and keyed.groups is self.groups else None
+        starts = keyed.messages if keyed is not None else \
             list(itertools.accumulate(map(len, map(_MESSAGES, self.groups)), initial=0))
         first = bisect.bisect_left(starts, count)
         if first >= len(self.groups) or 0 in map(len, map(_MESSAGES, self.groups[first:])):
             return None
-        if keyed is not None and known:
+        if keyed is not None:
             return starts[first], keyed.items[first]  # keyed: the groups are the source's items, in order
         start = sum(map(len, map(_ITEMS, self.groups[:first])))
         kept = list(itertools.chain.from_iterable(map(_ITEMS, self.groups[first:])))
-        if len(kept) != len(source) - start or not all(map(operator.is_, kept, itertools.islice(source, start, None))):
-            return None
-        return starts[first], start
+        return (starts[first], start) if _read_from(kept, len(kept), source, start) else None
 
     def back(self, history: Sequence[Message], render: Render) -> list[Any]:
         """`history` (this view's messages, some replaced by what compaction made) as client items.
@@ -163,6 +160,11 @@ class ViewKeys:
     messages: list[int]  # the view's messages before each group, and after the last
     keys: list[int]  # one per message
     shared: int  # the first groups, whose keys were the earlier view's
+
+
+def _read_from(items: Iterable[Any], count: int, source: list[Any], start: int) -> bool:
+    """Whether `items` (`count` of them) are the source's from `start` to its end, the same objects in order."""
+    return count == len(source) - start and all(map(operator.is_, items, itertools.islice(source, start, None)))
 
 
 def _shared_groups(groups: Sequence[Group], earlier: Sequence[Group]) -> int:

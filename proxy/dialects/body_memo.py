@@ -142,10 +142,10 @@ class BodyMemo:
         """A reader's state kept with this history (keep_read), or with the history it grew from, and how many of
         its messages, from the first, that state has read (the very values this history holds); None for none.
         `resuming`: a read goes on from it (counted in `resumed`), not only a look at what it read."""
+        kept = self._kept(messages)
+        if kept is None:
+            return None
         with self._lock:
-            kept = self._reads.get(id(messages))
-            if kept is None or kept.messages is not messages:
-                return None
             self.resumed += resuming
         return kept.read, kept.count
 
@@ -174,9 +174,8 @@ class BodyMemo:
         item_keys = self.keys_of(source)
         if item_keys is None:
             return None
-        with self._lock:
-            kept = self._reads.get(id(source))
-        if kept is None or kept.messages is not source:
+        kept = self._kept(source)
+        if kept is None:
             return view.message_keys(item_keys, salt)
         keyed = view.keyed(item_keys, salt, kept.keys)
         kept.keys = keyed  # the next view of the conversation keys only the groups it adds
@@ -184,10 +183,15 @@ class BodyMemo:
 
     def view_keys(self, view: View) -> ViewKeys | None:
         """The keys keys_of_view made of this very view (its counts of items and messages per group), if kept."""
-        with self._lock:
-            kept = self._reads.get(id(view.source))
-        keyed = kept.keys if kept is not None and kept.messages is view.source else None
+        kept = self._kept(view.source)
+        keyed = kept.keys if kept is not None else None
         return keyed if keyed is not None and keyed.groups is view.groups else None
+
+    def _kept(self, messages: object) -> _Kept | None:
+        """What is kept with this very history (keep_read), if anything."""
+        with self._lock:
+            kept = self._reads.get(id(messages))
+        return kept if kept is not None and kept.messages is messages else None
 
     def spliced(self, body: bytes, messages: list[Any], front: bytes, kept_from: int) -> bytes | None:
         """orjson's encoding of the body's object with its history `messages` (a list this memo read from that very

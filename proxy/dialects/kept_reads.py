@@ -57,8 +57,8 @@ def read_on(items: list[Any], reads: Reads | None, kind: type[R]) -> R | None:
     request may hold more after it (a turn added), or another last item (a client that resends the history with a
     new last message), and both go on from there."""
     kept = reads.kept_read(items) if reads is not None else None
-    held = kept[0] if kept is not None and type(kept[0]) is kind else None
-    reader, start = (held.copy(), kept[1]) if held is not None and kept is not None else (kind(), 0)
+    held, start = (kept[0], kept[1]) if kept is not None and type(kept[0]) is kind else (None, 0)
+    reader = held.copy() if held is not None else kind()
     last = max(len(items) - 1, 0)
     if not all(map(reader.read, itertools.islice(items, start, last))):
         return None
