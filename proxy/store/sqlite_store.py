@@ -83,11 +83,18 @@ def _create_private(path: Path) -> Identity:
     finally:
         os.close(descriptor)
     for suffix in _SQLITE_SIDECARS:
-        # SQLite gives new sidecars the database's mode; ones left by an older, laxer run are tightened.
-        sidecar = path.with_name(path.name + suffix)
-        if sidecar.exists() and stat.S_IMODE(sidecar.stat().st_mode) & ~_PRIVATE_FILE:
-            sidecar.chmod(_PRIVATE_FILE)
+        _tighten(path.with_name(path.name + suffix))
     return identity
+
+
+def _tighten(sidecar: Path) -> None:
+    """SQLite gives new sidecars the database's mode; one left by an older, laxer run is tightened. Another
+    connection's rollback journal is deleted when its transaction ends, so a sidecar may be gone at any moment."""
+    try:
+        if stat.S_IMODE(sidecar.stat().st_mode) & ~_PRIVATE_FILE:
+            sidecar.chmod(_PRIVATE_FILE)
+    except FileNotFoundError:
+        pass
 
 
 @dataclass

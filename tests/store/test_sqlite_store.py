@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import subprocess
 import sys
 import threading
@@ -23,7 +24,7 @@ import pytest
 from proxy.config import StoreConfig
 from proxy.core.fingerprint import hash_chain
 from proxy.core.tenants import tenant_namespace
-from proxy.store.sqlite_store import SqliteStore, _write_ahead
+from proxy.store.sqlite_store import SqliteStore, _create_private, _write_ahead
 from proxy.store.store import CompactedPrefix, SummaryStore
 from proxy.store.stores import open_store
 from tests.conftest import ProxyFactory
@@ -358,6 +359,36 @@ def test_wal_mode_is_asked_again_while_another_connection_holds_the_file(tmp_pat
     assert waiting.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     waiting.close()
     holder.close()
+
+
+def test_a_sidecar_removed_while_the_file_is_opened_is_passed_over(tmp_path: Path) -> None:
+    # SQLite deletes a rollback journal when its transaction ends. A second journal opening the file in that moment
+    # saw the -journal, then failed to stat it (FileNotFoundError), and its first point was dropped.
+    path = tmp_path / "store.sqlite3"
+    churn = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys\n"
+        "names = [sys.argv[1] + suffix for suffix in ('-wal', '-shm', '-journal')]\n"
+        "while True:\n"
+        "    for name in names:\n"
+        "        os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o644))\n"
+        "        os.unlink(name)\n"), str(path)])
+    try:
+        deadline = time.monotonic() + 10.0
+        while not any(sidecar.exists() for sidecar in sidecars(path)):  # the churn has started
+            assert time.monotonic() < deadline
+        opened = 0
+        while opened < 2000:  # before the fix: a FileNotFoundError within about ten
+            assert _create_private(path) == (path.stat().st_dev, path.stat().st_ino)
+            opened += 1
+    finally:
+        churn.kill()
+        churn.wait()
+    assert churn.returncode is not None and opened == 2000
+    for sidecar in sidecars(path):
+        sidecar.unlink(missing_ok=True)
+    os.close(os.open(sidecars(path)[2], os.O_CREAT | os.O_WRONLY, 0o644))
+    _create_private(path)
+    assert stat.S_IMODE(sidecars(path)[2].stat().st_mode) == 0o600  # a lax one left behind is still tightened
 
 
 class _CountingConnection(sqlite3.Connection):
