@@ -8,10 +8,10 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from dataclasses import dataclass, replace
 from typing import Any
 
+from proxy.compaction.conversation import Conversation
 from proxy.compaction.job import Job
 from proxy.compaction.pace import smoothed
 from proxy.compaction.recorder import Origin, Recorder, failure_event, failure_told, summary_event, tell_failure
@@ -21,7 +21,7 @@ from proxy.core.backoff import Backoff, shrink
 from proxy.core.budget import Limits
 from proxy.core.calibration import Calibration
 from proxy.core.elision import elide_text
-from proxy.core.messages import Message, is_instruction, is_tool_result, is_user, role, valid_text
+from proxy.core.messages import Message, is_tool_result, valid_text
 from proxy.core.plan import Plan, plan_compaction, replacement, replacement_applies
 from proxy.core.stored_replacements import StoredReplacements
 from proxy.core.tail_walks import TailWalks
@@ -48,51 +48,6 @@ log = logging.getLogger("proxy.compaction")
 ModelFactory = Callable[[str, Mapping[str, str], int, int], ChatModel]
 # The smallest summary ask a backed-off retry may shrink to.
 MIN_RETRY_SUMMARY_TOKENS = 128
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """A client's history as sent, and the stored summary (if any) that stands in for its first messages."""
-
-    original: Sequence[Message]
-    chain: Sequence[str]
-    namespace: str
-    record: CompactedPrefix | None = None
-    # The counter's count of each message of the record's replacement, when known (see StoredReplacements).
-    replacement_counts: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
-
-    @cached_property
-    def messages(self) -> list[Message]:
-        """The history as forwarded: read-only, computed once."""
-        if self.record is None:
-            return list(self.original)
-        return [*self.record.replacement, *self.original[self.record.prefix_len:]]
-
-    @cached_property
-    def synthetic(self) -> frozenset[int]:
-        """Positions in `messages` of what the proxy wrote: the summary (the replacement's first user message)
-        and its assistant fillers. They are summarised again later, never kept as the user's words."""
-        if self.record is None:
-            return frozenset()
-        stored = self.record.replacement
-        summary_at = next((i for i, message in enumerate(stored) if is_user(message)), None)
-        return frozenset(i for i, message in enumerate(stored)
-                         if i == summary_at or role(message) == "assistant")
-
-    @property
-    def replaced(self) -> int:
-        """How many of `messages` are the stored replacement."""
-        return len(self.record.replacement) if self.record else 0
-
-    def original_index(self, index: int) -> int:
-        """Where a position in `messages` falls in `original`."""
-        return index - self.replaced + (self.record.prefix_len if self.record else 0)
-
-    @property
-    def backoff_key(self) -> str:
-        """One conversation, as far as failures go: its tenant and its first message after the instructions."""
-        first = next((i for i, message in enumerate(self.original) if not is_instruction(message)), 0)
-        return f"{self.namespace}:{self.chain[min(first, len(self.chain) - 1)]}" if self.chain else self.namespace
 
 
 @dataclass(frozen=True)

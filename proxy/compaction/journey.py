@@ -7,7 +7,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from proxy.compaction.compactor import Conversation
+from proxy.compaction.conversation import Conversation
 from proxy.compaction.recorder import Origin
 from proxy.core.budget import Limits
 from proxy.core.clearing import Cleared

@@ -15,7 +15,8 @@ from multidict import CIMultiDict
 from proxy.compaction import glance
 from proxy.compaction.ahead import Ahead
 from proxy.compaction.answer_headers import AnswerHeaders
-from proxy.compaction.compactor import Compactor, Conversation
+from proxy.compaction.compactor import Compactor
+from proxy.compaction.conversation import Conversation
 from proxy.compaction.forwarded_body import ForwardedBody
 from proxy.compaction.journey import C, Journey
 from proxy.compaction.journey_tokens import JourneyTokens

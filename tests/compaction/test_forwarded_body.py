@@ -10,7 +10,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from proxy.compaction.compactor import Conversation
+from proxy.compaction.conversation import Conversation
 from proxy.compaction.forwarded_body import ForwardedBody
 from proxy.compaction.journey import Journey
 from proxy.compaction.journey_tokens import JourneyTokens

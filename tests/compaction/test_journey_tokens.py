@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.compaction.compactor import Conversation
+from proxy.compaction.conversation import Conversation
 from proxy.compaction.journey import Journey
 from proxy.compaction.journey_tokens import JourneyTokens
 from proxy.compaction.tool_stages import ToolStages
