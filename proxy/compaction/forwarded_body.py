@@ -41,9 +41,12 @@ class ForwardedBody(Generic[C]):
     def _spliced(self, journey: Journey[C]) -> bytes | None:
         """A stored summary spliced in and nothing else changed: the client's bytes after the summary's cut, and
         the summary's own JSON, kept while it is reused (dialects.body_memo.BodyMemo.spliced)."""
-        conversation = journey.conversation
+        conversation, view = journey.conversation, journey.view
         record = conversation.record
-        if record is None:
+        read = view.messages if self._dialect.forwards_history_as_read else view.source
+        # A body the memo does not hold (a small one, a bridge's chat request) is encoded whole: nothing is made
+        # for a splice that cannot be.
+        if record is None or read is None or not self._bodies.holds(journey.call.body, read):
             return None
         if not self._dialect.forwards_history_as_read:
             return self._items_spliced(journey, (conversation.namespace, record.prefix_hash), record.replacement,
@@ -51,7 +54,7 @@ class ForwardedBody(Generic[C]):
         front = self._replacements.encoded((conversation.namespace, record.prefix_hash), record.replacement)
         if front is None:
             return None
-        return self._bodies.spliced(journey.call.body, journey.view.messages, front, record.prefix_len)
+        return self._bodies.spliced(journey.call.body, view.messages, front, record.prefix_len)
 
     def _items_spliced(self, journey: Journey[C], key: tuple[str, str], made: Sequence[Message],
                        cut: int) -> bytes | None:

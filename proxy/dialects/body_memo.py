@@ -199,13 +199,21 @@ class BodyMemo:
         replacement) and then `messages[kept_from:]`, those copied from the body's bytes. On a reuse hit that is what
         is forwarded, and encoding it whole cost as much again as the rest of the splice. None when the memo does not
         hold the body's spans, or no message is kept."""
-        with self._lock:
-            held = self._by_history.get(id(messages))
-        if held is None or held.messages is not messages or held.body is not body or not front or \
-                not 0 < kept_from < len(messages):
+        held = self._held_for(body, messages)
+        if held is None or not front or not 0 < kept_from < len(messages):
             return None
         view = memoryview(body)  # each piece copied once, into the result
         return b"".join((view[:held.starts[0]], front, b",", view[held.starts[kept_from]:]))
+
+    def holds(self, body: bytes, messages: object) -> bool:
+        """Whether this memo read `messages` from this very body and holds where they lie in it, as `spliced` needs:
+        asked before what a splice puts in front is made."""
+        return self._held_for(body, messages) is not None
+
+    def _held_for(self, body: bytes, messages: object) -> _Remembered | None:
+        with self._lock:
+            held = self._by_history.get(id(messages))
+        return held if held is not None and held.messages is messages and held.body is body else None
 
     def _bucket_of(self, body: bytes, key: str) -> int:
         """Which remembered bodies to compare with: those whose history opens with the same bytes."""

@@ -92,6 +92,20 @@ def test_otherwise_a_reused_summary_is_encoded_whole(case: str) -> None:
     assert setup.forwarded.of(setup.journey, ask_usage=False) == setup.encoded_whole()
 
 
+@pytest.mark.parametrize("name", ["chat", "responses", "messages"])
+def test_nothing_is_made_to_splice_into_a_body_the_memo_does_not_hold(name: str) -> None:
+    # A small body, or a bridge's chat request: the summary's JSON or items were made, then the splice refused.
+    if name == "chat":
+        chat = Setup(read_by_memo=False)
+        forwarded, journey, stored, whole = chat.forwarded, chat.journey, chat.stored, chat.encoded_whole()
+    else:
+        items = ItemsSetup(name, responses_items(6) if name == "responses" else messages_items(6), 6 if
+                           name == "responses" else 8, keyed=False, remembered=False)
+        forwarded, journey, stored, whole = items.forwarded, items.journey, items.stored, items.encoded_whole()
+    assert forwarded.of(journey, ask_usage=False) == whole
+    assert (forwarded.spliced, len(stored)) == (0, 0)
+
+
 @pytest.mark.parametrize("edit", ["cleared", "elided", "usage asked"])
 def test_an_edited_history_is_encoded_whole(edit: str) -> None:
     setup = Setup()
@@ -146,10 +160,11 @@ def dialect_of(name: str) -> Any:
 class ItemsSetup:
     """A reuse hit in a dialect read from the client's items, with the summary's cut after message `cut`."""
 
-    def __init__(self, name: str, items: list[Any], cut: int, *, keyed: bool = True, **fields: Any) -> None:
+    def __init__(self, name: str, items: list[Any], cut: int, *, keyed: bool = True, remembered: bool = True,
+                 **fields: Any) -> None:
         self.dialect = dialect_of(name)
         key = self.dialect.history_key
-        self.memo = BodyMemo(min_bytes=0)
+        self.memo = BodyMemo(min_bytes=0 if remembered else 1 << 40)  # otherwise read whole, as a small body is
         self.body = orjson.dumps({"model": "m", key: items, **fields})
         self.call = self.dialect.parse(self.body, {}, "", self.memo.read(self.body, key), self.memo)
         view = self.dialect.history(self.call, self.memo)
@@ -193,7 +208,10 @@ def test_a_reuse_hit_in_items_is_spliced_where_forwarded_would_send_the_same(
         assert sent == setup.encoded_whole()
         assert setup.forwarded.spliced == spliced
         assert setup.forwarded.of(setup.journey, ask_usage=False) == sent  # again: the summary rendered once
-        assert len(setup.stored) == 1  # rendered once, spliced or not
+        # Rendered once where the client's bytes go on (spliced or not: the merged Messages cases); never for a
+        # call whose body the dialect made anew (a bridge's chat request, Responses without context_management).
+        remade = name.endswith("over chat") or "context_management" in fields
+        assert len(setup.stored) == (0 if remade else 1)
 
 
 def test_a_group_the_cut_splits_is_rendered_after_the_summary() -> None:

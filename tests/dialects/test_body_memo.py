@@ -318,16 +318,20 @@ def test_no_splice_without_the_memos_spans_or_anything_kept() -> None:
     body = body_of(history)
     messages = bodies.read(body, "messages")["messages"]
     front = orjson.dumps([{"role": "user", "content": "summary"}])[1:-1]
-    assert bodies.spliced(body, messages, front, 5) is not None
+    assert bodies.spliced(body, messages, front, 5) is not None and bodies.holds(body, messages)
     assert bodies.spliced(bytes(bytearray(body)), messages, front, 5) is None  # equal bytes, not the body it read
+    assert not bodies.holds(bytes(bytearray(body)), messages)
     assert bodies.spliced(body, list(messages), front, 5) is None  # a list it did not read
+    assert not bodies.holds(body, list(messages))
     assert bodies.spliced(body, messages, b"", 5) is None  # nothing in front
     for kept_from in (0, len(messages), len(messages) + 1, -1):
         assert bodies.spliced(body, messages, front, kept_from) is None
     spaced = json.dumps({"model": "m", "messages": history}).encode()  # not orjson's spelling: not remembered
-    assert bodies.spliced(spaced, bodies.read(spaced, "messages")["messages"], front, 5) is None
+    assert bodies.spliced(spaced, read := bodies.read(spaced, "messages")["messages"], front, 5) is None
+    assert not bodies.holds(spaced, read)
     small = memo(min_bytes=len(body) + 1)  # read whole, not remembered
-    assert small.spliced(body, small.read(body, "messages")["messages"], front, 5) is None
+    assert small.spliced(body, read := small.read(body, "messages")["messages"], front, 5) is None
+    assert not small.holds(body, read)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
