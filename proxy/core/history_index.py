@@ -30,7 +30,7 @@ from proxy.core.fingerprint import canonical_json, chain_link, chain_root, diges
 from proxy.core.tokens import TokenCounter
 from proxy.offload import LARGE
 
-DEFAULT_ENTRIES = 100_000  # messages remembered; about 0.4 KB each whatever the message's size
+DEFAULT_ENTRIES = 100_000  # messages remembered; about 0.55 KB each (the counter's entry too), whatever their size
 # Conversations whose last read is kept, so the next is read from where it grew (about 16 KB each at 400 messages).
 MAX_LINEAGES = 64
 _SORTED_DUMPS = functools.partial(orjson.dumps, option=orjson.OPT_SORT_KEYS)

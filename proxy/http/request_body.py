@@ -16,6 +16,9 @@ from proxy.http.appkeys import SETTINGS
 INFLATE_STEP = 256 * 1024
 # A gzip body is a sequence of members; honest clients send one, a bomb of empty members costs a call each.
 MAX_GZIP_MEMBERS = 64
+# Pieces of a body from this size on are kept as they came until the body is joined; a piece's own cost (about 40
+# bytes) is then at most 4 % of what it holds.
+WHOLE_PIECE = 1024
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 _ZLIB_WBITS = zlib.MAX_WBITS
 _RAW_DEFLATE_WBITS = -zlib.MAX_WBITS
@@ -184,24 +187,53 @@ def _whole(request: web.BaseRequest, limit: int) -> bytes:
 
 
 async def _collect(request: web.BaseRequest, inflater: _Inflater | _ZstdInflater | None, limit: int) -> bytes:
-    body = bytearray()
+    body = _Pieces()
     received = 0
     while chunk := await request.content.readany():
         received += len(chunk)
         if received > limit:
             raise _too_large(limit)
         if inflater is None:
-            body += chunk
+            body.add(chunk)
             continue
         inflater.feed(chunk)
         while (piece := inflater.step()) is not None:
-            if len(body) + len(piece) > limit:
+            if body.size + len(piece) > limit:
                 raise _too_large(limit)
-            body += piece
+            body.add(piece)
             await asyncio.sleep(0)  # a bomb inflates in steps, between which the loop serves everyone else
     if inflater is not None:
         inflater.finish()
-    return bytes(body)
+    return body.joined()
+
+
+class _Pieces:
+    """A body as its pieces came, joined once at the end: a buffer grown piece by piece is copied again at each
+    growth and once more into bytes, two to three times the work on a body of a megabyte. Pieces shorter than
+    WHOLE_PIECE are gathered into a buffer first, so a body sent as many tiny chunks holds no more than its bytes."""
+
+    __slots__ = ("_parts", "_small", "size")
+
+    def __init__(self) -> None:
+        self._parts: list[bytes | bytearray] = []
+        self._small = bytearray()
+        self.size = 0
+
+    def add(self, piece: bytes) -> None:
+        self.size += len(piece)
+        if len(piece) < WHOLE_PIECE:
+            self._small += piece
+            return
+        if self._small:
+            self._parts.append(self._small)
+            self._small = bytearray()
+        self._parts.append(piece)
+
+    def joined(self) -> bytes:
+        parts = [*self._parts, self._small] if self._small else self._parts
+        if len(parts) == 1 and isinstance(parts[0], bytes):
+            return parts[0]  # the whole body came as one piece: nothing to copy
+        return b"".join(parts)
 
 
 def close_if_unread(request: web.BaseRequest, response: web.StreamResponse) -> None:

@@ -88,14 +88,16 @@ def test_the_calls_benchmark_counts_each_targets_python_calls_per_request() -> N
     assert done.stdout.count("the functions whose calls grew most per request") == 3
 
 
-def test_the_steps_benchmark_times_the_proxys_own_steps_per_request() -> None:
-    done = subprocess.run([sys.executable, "-m", "bench.steps", "--shape", "long", "--requests", "5"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("pieces", ["0", "65536"], ids=["whole", "in pieces"])
+def test_the_steps_benchmark_times_the_proxys_own_steps_per_request(pieces: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.steps", "--shape", "long", "--requests", "5",
+                           "--pieces", pieces], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
+    assert (f"sent in pieces of {pieces} bytes" in done.stdout) == (pieces != "0")
     rows = {label: float(next(iter(cells.values()))) for label, cells in table(done.stdout).items()}
     # A resent history goes the whole way: read, its journey begun, answered, learnt from; each step once.
-    for step in ("Pipeline.parse", "Pipeline._begin", "HistoryIndex.read_off_loop", "Pipeline._finish",
-                 "Pipeline._learn"):
+    for step in ("read_bounded", "Pipeline.parse", "Pipeline._begin", "HistoryIndex.read_off_loop",
+                 "Pipeline._finish", "Pipeline._learn"):
         assert rows[f"{step} (µs)"] > 0 and rows[f"{step} calls (calls)"] == 1.0, step
     assert rows["Pipeline._begin (µs)"] >= rows["HistoryIndex.read_off_loop (µs)"]  # the index is read inside it
 

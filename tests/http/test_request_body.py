@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from proxy.app import RunningServer
 from proxy.errors import BadRequest
-from proxy.http.request_body import inflater_for
+from proxy.http.request_body import WHOLE_PIECE, _Pieces, inflater_for
 from tests.conftest import ProxyFactory
 from tests.fakes.openai_upstream import FakeUpstream
 
@@ -328,3 +328,83 @@ async def test_a_plain_body_is_forwarded_byte_for_byte_however_it_arrives(pause:
             "Connection: close\r\n\r\n").encode()
     assert await _raw_post(proxy, head, body, pause=pause) == b"HTTP/1.1 200 OK"
     assert posted(fake) == [body]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=3 * WHOLE_PIECE), max_size=40))
+def test_pieces_join_to_what_came_in_order(pieces: list[bytes]) -> None:
+    body = _Pieces()
+    for piece in pieces:
+        body.add(piece)
+    assert body.size == sum(map(len, pieces))
+    joined = body.joined()
+    assert type(joined) is bytes and joined == b"".join(pieces)
+
+
+@pytest.mark.parametrize(("sizes", "parts"), [
+    ([], 0),  # nothing came
+    ([WHOLE_PIECE], 1),  # one piece: handed back as it came
+    ([5, 7, 9], 1),  # small pieces: one buffer
+    ([WHOLE_PIECE, WHOLE_PIECE * 3], 2),  # whole pieces kept as they came
+    ([3, WHOLE_PIECE, 4, 5, WHOLE_PIECE, 6], 5),  # a run of small ones between whole ones: one buffer each
+    ([1] * 10_000, 1),  # ten thousand tiny chunks: still one buffer, no object per chunk
+])
+def test_small_pieces_are_gathered_and_whole_ones_kept(sizes: list[int], parts: int) -> None:
+    body = _Pieces()
+    pieces = [bytes([index % 256]) * size for index, size in enumerate(sizes)]
+    for piece in pieces:
+        body.add(piece)
+    assert len([*body._parts, *([body._small] if body._small else [])]) == parts
+    assert body.joined() == b"".join(pieces)
+
+
+def test_a_body_of_one_piece_is_not_copied() -> None:
+    body, piece = _Pieces(), b"x" * (4 * WHOLE_PIECE)
+    body.add(piece)
+    assert body.joined() is piece
+
+
+async def _post_in_pieces(proxy: RunningServer, head: bytes, pieces: list[bytes]) -> bytes:
+    """The request's head, then its body written piece by piece with the loop let go between them; the status
+    line of the answer."""
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    try:
+        writer.write(head)
+        for piece in pieces:
+            writer.write(piece)
+            try:
+                await writer.drain()
+            except ConnectionError:  # refused mid-body: the answer is already there
+                break
+            await asyncio.sleep(0.001)
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        return answer.partition(b"\r\n")[0]
+    finally:
+        writer.close()
+
+
+async def test_a_body_in_many_pieces_of_any_size_is_forwarded_byte_for_byte(fake: FakeUpstream,
+                                                                          make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy()
+    payload = bytes(range(35, 127)) * 2000
+    body = b'{"model": "m", "x": "' + payload + b'"}'
+    cuts = itertools.accumulate(itertools.cycle([1, 7, WHOLE_PIECE, 3 * WHOLE_PIECE + 5, 40]))
+    edges = [0, *itertools.takewhile(lambda at: at < len(body), cuts), len(body)]
+    pieces = [body[a:b] for a, b in itertools.pairwise(edges)]
+    assert len(pieces) > 100
+    head = (f"POST /v1/echo/plain HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode()
+    assert await _post_in_pieces(proxy, head, pieces) == b"HTTP/1.1 200 OK"
+    assert posted(fake) == [body]
+
+
+@pytest.mark.parametrize(("size", "status"), [(4096, b"200"), (4097, b"413")])
+async def test_a_chunked_body_of_tiny_chunks_is_bounded_and_whole(size: int, status: bytes, fake: FakeUpstream,
+                                                                  make_proxy: ProxyFactory) -> None:
+    proxy = await make_proxy({"server": {"max_body_bytes": 4096}})
+    head = b"POST /v1/echo/chunked HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    body = bytes(index % 256 for index in range(size))
+    pieces = [b"".join(_chunked(body[at:at + 16])[:-5] for at in range(start, min(start + 512, size), 16))
+              for start in range(0, size, 512)] + [b"0\r\n\r\n"]
+    assert (await _post_in_pieces(proxy, head, pieces)).split(b" ")[1] == status
+    assert posted(fake) == ([body] if status == b"200" else [])
