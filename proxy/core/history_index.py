@@ -28,7 +28,7 @@ import orjson
 
 from proxy.core.fingerprint import canonical_json, chain_link, chain_root, digest_of
 from proxy.core.tokens import TokenCounter
-from proxy.offload import LARGE
+from proxy.offload import LARGE, LARGE_COUNT
 
 DEFAULT_ENTRIES = 100_000  # messages remembered; about 0.55 KB each (the counter's entry too), whatever their size
 # Conversations whose last read is kept, so the next is read from where it grew (about 16 KB each at 400 messages).
@@ -97,14 +97,21 @@ class HistoryIndex:
 
     async def read_off_loop(self, messages: Sequence[Any], namespace: str,
                             keys: Sequence[int] | None = None) -> History:
-        """As read(), with the work on new messages in a thread when it is large enough to pay for the hand-off."""
+        """As read(), the loop let go while the new messages are counted when there is much to count: a slice of
+        text at a time (a turn's large tool result), or in a thread when there is more than LARGE."""
         last, shared, touched = self._grown_from(namespace, keys)
         rest = messages[shared:]
         keys, found, missing = self._look_up(rest, keys[shared:] if keys is not None else None)
-        if sum(len(canonical) for _, canonical in missing.values()) <= LARGE:
-            fresh = self._entries_for(rest, missing)
-        else:
+        size = sum(len(canonical) for _, canonical in missing.values())
+        if size > LARGE:
             fresh = await asyncio.to_thread(self._entries_for, rest, missing)
+        else:
+            if size > LARGE_COUNT:
+                # On the loop, not in a thread: tiktoken counts about a third slower on any thread but the first
+                # that used it, and the loop is let go after every slice.
+                for _ in self._counter.counting_in_slices(rest[index] for index, _ in missing.values()):
+                    await asyncio.sleep(0)
+            fresh = self._entries_for(rest, missing)
         return self._finished(namespace, last, shared, touched, keys, found, fresh)
 
     def _grown_from(self, namespace: str, keys: Sequence[int] | None) -> tuple[_LastRead | None, int, int]:

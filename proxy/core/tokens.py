@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.encodings import DEFAULT_ENCODING, load_encoding
+from proxy.core.encodings import DEFAULT_ENCODING, SLICE_CHARS, load_encoding
 from proxy.core.fingerprint import dumps_iteratively
 
 # Chat framing, as OpenAI documents it: every message is wrapped in a few tokens, a name costs one
@@ -22,6 +22,9 @@ IMAGE_HIGH_DETAIL_TOKENS = 765  # a 1024x1024 image at high detail: 85 base + 4 
 IMAGE_LOW_DETAIL_TOKENS = 85
 AUDIO_PART_TOKENS = 400  # roughly 40 s of speech at ~10 tokens/s
 FILE_PART_TOKENS = 1000  # a few pages of extracted text
+# Texts longer than one slice of the encoding (a tool's output, a file) whose counts are kept by the text itself: one
+# counted a slice at a time (counting_in_slices) is not counted again, nor when it comes back in another message.
+LONG_TEXTS = 4096
 
 
 # Structure markers of a flattened value: a dict's and a list's opening, and anything that is not JSON.
@@ -92,6 +95,7 @@ class TokenCounter:
         self.encoding = load_encoding(encoding_name)
         self._cache: OrderedDict[int, int] = OrderedDict()
         self._cache_size = cache_size
+        self._long: OrderedDict[int, int] = OrderedDict()  # hash of a text longer than SLICE_CHARS -> its count
         self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
@@ -106,7 +110,43 @@ class TokenCounter:
 
     def count_text(self, text: object) -> int:
         """Tokens of a text; anything that is not a string counts as nothing."""
-        return self.encoding.count(text) if isinstance(text, str) else 0
+        if not isinstance(text, str):
+            return 0
+        if len(text) <= SLICE_CHARS:
+            return self.encoding.count(text)
+        key = hash(text)  # a string's hash is computed once and kept with it
+        with self._lock:
+            known = self._long.get(key)
+            if known is not None:
+                self._long.move_to_end(key)
+                return known
+        count = self.encoding.count(text)
+        self._keep_long(key, count)
+        return count
+
+    def counting_in_slices(self, messages: Iterable[Any]) -> Iterator[None]:
+        """Counts the texts of `messages` longer than a slice, one slice per step, keeping each text's count for
+        count_text: whoever drives it may let other work run between the steps (a turn's large tool result holds
+        the event loop a slice at a time, under a millisecond, instead of whole). The counts are count_text's own:
+        it counts a long text as the sum of its slices."""
+        for message in messages:
+            for text in _long_texts(message):
+                key = hash(text)
+                with self._lock:
+                    if key in self._long:
+                        continue
+                total = 0
+                for start in range(0, len(text), SLICE_CHARS):
+                    total += self.encoding.count(text[start:start + SLICE_CHARS])
+                    yield
+                self._keep_long(key, total)
+
+    def _keep_long(self, key: int, count: int) -> None:
+        with self._lock:
+            self._long[key] = count
+            self._long.move_to_end(key)
+            while len(self._long) > LONG_TEXTS:
+                self._long.popitem(last=False)
 
     def count_value(self, value: Any) -> int:
         """Tokens of a text, or of any other JSON value as its JSON (a tool's input, a block cleared)."""
@@ -254,6 +294,11 @@ class TokenCounter:
             elif value is not None:
                 total += self.count_text(_json_text(value, separators=(",", ":")))
         return total
+
+
+def _long_texts(message: Any) -> list[str]:
+    """The strings of a message (at any depth) longer than a slice of the encoding."""
+    return [item for item in _flat(message) if type(item) is str and len(item) > SLICE_CHARS]
 
 
 def _value_text(value: Any) -> str:

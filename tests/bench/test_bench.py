@@ -102,8 +102,27 @@ def test_the_steps_benchmark_times_the_proxys_own_steps_per_request(pieces: str)
     assert rows["Pipeline._begin (µs)"] >= rows["HistoryIndex.read_off_loop (µs)"]  # the index is read inside it
 
 
+def test_the_stalls_benchmark_probes_the_loop_while_turns_bring_large_results() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.stalls", "--rounds", "1", "--turns", "2", "--conversations",
+                           "2", "--result-chars", "20000"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "each adding a tool result of 20,000 characters" in done.stdout
+    rows = {label: float(next(iter(cells.values()))) for label, cells in table(done.stdout).items()}
+    assert rows["probes per round (calls)"] >= 1
+    assert 0 < rows["/healthz p50 (ms)"] <= rows["/healthz p99 (ms)"] <= rows["/healthz slowest (ms)"]
+    assert rows["proxy CPU per turn (ms)"] >= 0
+
+
+@pytest.mark.parametrize("flags", [["--turns", "7"], ["--result-chars", "0"], ["--rounds", "11"]])
+def test_the_stalls_benchmark_refuses_what_would_near_the_window_or_run_unbounded(flags: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.stalls", *flags], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "bounds:" in done.stderr
+
+
 @pytest.mark.parametrize("module", ["bench", "bench.agents", "bench.calls", "bench.fidelity", "bench.hostile",
-                                    "bench.small_windows", "bench.reuse_latency", "bench.soak", "bench.steps"])
+                                    "bench.small_windows", "bench.reuse_latency", "bench.soak", "bench.steps",
+                                    "bench.stalls"])
 def test_a_benchmark_starts_without_pytest(module: str) -> None:
     """The fakes and helpers a benchmark shares with the tests import no pytest: a machine with only the
     benchmark's dependencies runs it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -12,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.core.encodings import SLICE_CHARS
 from proxy.core.fingerprint import hash_chain
 from proxy.core.history_index import HistoryIndex
 from proxy.core.tokens import TokenCounter
-from proxy.offload import LARGE
+from proxy.offload import LARGE, LARGE_COUNT
 
 COUNTER = TokenCounter()
 
@@ -139,6 +141,82 @@ async def test_large_new_histories_read_concurrently_in_threads_match_the_refere
     for history, read in zip([*histories, histories[0]], reads, strict=True):
         assert (read.chain, read.tokens) == reference(history, "ns")
     assert len(index) == 3 * 80
+
+
+class ThreadNoting(TokenCounter):
+    """Notes the thread each message is counted on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+
+    def count_message(self, message: Any) -> int:
+        self.threads.append(threading.get_ident())
+        return super().count_message(message)
+
+
+async def ticks_during(read: Any) -> tuple[Any, int]:
+    """`read` awaited beside a task that counts how often the loop lets it run: how often the read let go."""
+    ticks, done = 0, False
+
+    async def tick() -> None:
+        nonlocal ticks
+        await asyncio.sleep(0)  # started: from here on each turn of the loop is one the read gave up
+        while not done:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.ensure_future(tick())
+    await asyncio.sleep(0)
+    try:
+        return await read, ticks
+    finally:
+        done = True
+        await ticker
+
+
+@pytest.mark.parametrize(("text", "slices"), [
+    (16, 0),
+    (SLICE_CHARS, 0),  # past LARGE_COUNT with its JSON, but one slice: counted whole, under a millisecond
+    (SLICE_CHARS + 1, 2),
+    (3 * SLICE_CHARS + 5, 4),
+])
+async def test_a_turns_long_text_is_counted_a_slice_at_a_time_on_the_loop(text: int, slices: int) -> None:
+    counter = ThreadNoting()
+    index = HistoryIndex(counter)
+    message = {"role": "tool", "tool_call_id": "c1", "content": "word " * (text // 5) + "x" * (text % 5)}
+    read, ticks = await ticks_during(index.read_off_loop([message], "ns"))
+    assert read.tokens == [COUNTER.count_message(message)]
+    assert counter.threads == [threading.get_ident()]  # on the loop's own thread: no hand-off
+    assert ticks >= slices and (ticks == 0) is (slices == 0)
+
+
+async def test_more_than_large_is_counted_in_a_thread() -> None:
+    counter = ThreadNoting()
+    index = HistoryIndex(counter)
+    history = [{"role": "user", "content": "word " * (LARGE // 4)}]
+    read = await index.read_off_loop(history, "ns")
+    assert (read.chain, read.tokens) == reference(history, "ns")
+    assert counter.threads and threading.get_ident() not in counter.threads
+
+
+async def test_only_what_a_turn_adds_weighs() -> None:
+    """A history far past every limit, grown by a small turn: counted on the loop at once; grown by a long tool
+    result: counted a slice at a time."""
+    counter = ThreadNoting()
+    index = HistoryIndex(counter)
+    history = [{"role": "system", "content": "be brief"},
+               *(message for number in range(8) for message in turn(number, size=LARGE_COUNT // 4))]
+    await index.read_off_loop(history, "ns", spelled_keys(history))
+    counter.threads.clear()
+    grown = [*history, *turn(99)]
+    read, ticks = await ticks_during(index.read_off_loop(grown, "ns", spelled_keys(grown)))
+    assert (read.chain, read.tokens) == reference(grown, "ns")
+    assert counter.threads == [threading.get_ident()] * 2 and ticks == 0
+    longer = [*grown, {"role": "tool", "tool_call_id": "c9", "content": "line of output\n" * 4000}]
+    read, ticks = await ticks_during(index.read_off_loop(longer, "ns", spelled_keys(longer)))
+    assert (read.chain, read.tokens) == reference(longer, "ns")
+    assert ticks >= 3  # 60,000 characters: four slices, the loop let go after each
 
 
 async def test_a_message_dropped_while_a_read_waits_for_its_thread_is_put_back() -> None:

@@ -10,10 +10,19 @@ from typing import Any
 import pytest
 import tiktoken
 import tiktoken.load
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from proxy.core.encodings import TextEncoding
+from proxy.core.encodings import ESTIMATE_ENCODING, SLICE_CHARS, TextEncoding, estimate_tokens
 from proxy.core.fingerprint import dumps_iteratively
-from proxy.core.tokens import IMAGE_HIGH_DETAIL_TOKENS, IMAGE_LOW_DETAIL_TOKENS, REPLY_PRIMER, TokenCounter, message_key
+from proxy.core.tokens import (
+    IMAGE_HIGH_DETAIL_TOKENS,
+    IMAGE_LOW_DETAIL_TOKENS,
+    MESSAGE_OVERHEAD,
+    REPLY_PRIMER,
+    TokenCounter,
+    message_key,
+)
 
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 
@@ -315,3 +324,90 @@ def test_instructions_resent_each_turn_are_counted_once(instructions: Any) -> No
     assert again == first and counter.cache_info().misses == misses  # the same count, from the cache
     assert counter.count_aside(str(instructions) + " More.", None) != first  # other instructions, counted anew
     assert counter.cache_info().misses == misses + 1
+
+
+# --- long texts, counted a slice at a time ---------------------------------------------------------
+
+
+def code_text(chars: int, seed: int = 0) -> str:
+    words = ["def", "return", "self.value", "(x, y)", "# note", "\n    ", "ValueError", "0x1f", "é", "中文"]
+    out, index, length = [], seed, 0
+    while length < chars:
+        out.append(words[index % len(words)] + " ")
+        length += len(out[-1])
+        index = (index * 31 + 7) % 1_000_003
+    return "".join(out)[:chars]
+
+
+@pytest.mark.parametrize("chars", [SLICE_CHARS, SLICE_CHARS + 1, 3 * SLICE_CHARS + 5])
+def test_a_long_text_is_counted_in_slices_one_step_each(counter: TokenCounter, chars: int) -> None:
+    text = code_text(chars)
+    message = {"role": "tool", "tool_call_id": "c1", "content": text}
+    steps = list(counter.counting_in_slices([message]))
+    slices = -(-chars // SLICE_CHARS)
+    assert len(steps) == (slices if chars > SLICE_CHARS else 0)  # one slice or less: nothing to step through
+    seen = counting_encoder(counter)
+    assert counter.count_text(text) == TokenCounter().count_text(text)
+    assert seen == ([] if chars > SLICE_CHARS else [text])  # a long one's count was kept: not encoded again
+
+
+def test_long_texts_are_found_at_any_depth_and_counted_once(counter: TokenCounter) -> None:
+    texts = [code_text(SLICE_CHARS + 100, seed) for seed in range(3)]
+    message = {"role": "user", "content": [{"type": "text", "text": texts[0]}, {"type": "text", "text": "short"}],
+               "extra": {"deep": [[texts[1]]]}}
+    assert len(list(counter.counting_in_slices([message, {"role": "tool", "content": texts[2]}]))) == 6
+    assert list(counter.counting_in_slices([message])) == []  # known now: no step
+    seen = counting_encoder(counter)
+    for text in texts:
+        assert counter.count_text(text) == TokenCounter().count_text(text)
+    assert seen == []
+
+
+def test_a_long_text_counted_whole_is_known_to_the_slices(counter: TokenCounter) -> None:
+    text = code_text(2 * SLICE_CHARS + 1)
+    counted = counter.count_text(text)
+    assert list(counter.counting_in_slices([{"role": "user", "content": text}])) == []
+    assert counter.count_message({"role": "user", "content": text}) == counted + MESSAGE_OVERHEAD + 1
+
+
+def test_long_texts_kept_are_bounded_least_recently_used_first(counter: TokenCounter,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("proxy.core.tokens.LONG_TEXTS", 2)
+    first, second, third = (code_text(SLICE_CHARS + 1, seed) for seed in range(3))
+    for text in (first, second, first, third):  # first used again: second is the least recently used
+        counter.count_text(text)
+    seen = counting_encoder(counter)
+    counter.count_text(first), counter.count_text(third)
+    assert seen == []
+    counter.count_text(second)
+    assert seen == [second]  # dropped: counted again
+
+
+@pytest.mark.parametrize("encoding", ["bundled", "estimate"])
+@settings(max_examples=60, deadline=None)
+@given(chars=st.integers(min_value=SLICE_CHARS - 2, max_value=3 * SLICE_CHARS + 3), seed=st.integers(0, 10 ** 6))
+def test_counting_in_slices_counts_what_counting_whole_counts(encoding: str, chars: int, seed: int) -> None:
+    counter = TokenCounter()
+    if encoding == "estimate":
+        counter.encoding = TextEncoding(ESTIMATE_ENCODING, "estimate", estimate_tokens)
+    text = code_text(chars, seed)
+    whole = counter.encoding.count(text)
+    list(counter.counting_in_slices([{"role": "tool", "content": text}]))
+    assert counter.count_text(text) == whole
+
+
+def test_slices_and_whole_counts_from_threads_agree(counter: TokenCounter) -> None:
+    texts = [code_text(SLICE_CHARS + 500, seed) for seed in range(8)]
+    expected = [TokenCounter().count_text(text) for text in texts]
+    results: list[list[int]] = []
+
+    def count_all() -> None:
+        results.append([counter.count_text(text) for text in texts])
+
+    threads = [threading.Thread(target=count_all) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    list(counter.counting_in_slices([{"role": "tool", "content": text} for text in texts]))
+    for thread in threads:
+        thread.join()
+    assert results == [expected] * 4 and [counter.count_text(text) for text in texts] == expected
