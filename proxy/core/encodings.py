@@ -9,7 +9,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import tiktoken
@@ -44,6 +44,12 @@ _REMOTE_FILES["gpt2"] = (
 
 
 SLICE_CHARS = 16_384
+
+
+def text_slices(text: str) -> Iterator[str]:
+    """A text longer than SLICE_CHARS in the slices it is counted in: its count is the sum of theirs (BPE on long
+    runs without a word break is slow; slices keep the cost linear, for a token or so each)."""
+    return (text[start:start + SLICE_CHARS] for start in range(0, len(text), SLICE_CHARS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +108,7 @@ def _tiktoken_counter(encoding: tiktoken.Encoding) -> Callable[[str], int]:
     def count(text: str) -> int:
         if len(text) <= SLICE_CHARS:
             return len(encode(text))
-        # Long runs without a word break make BPE slow; slices keep the cost linear for a token or so each.
-        return sum(len(encode(text[start:start + SLICE_CHARS])) for start in range(0, len(text), SLICE_CHARS))
+        return sum(len(encode(piece)) for piece in text_slices(text))
 
     return count
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.encodings import DEFAULT_ENCODING, SLICE_CHARS, load_encoding
+from proxy.core.encodings import DEFAULT_ENCODING, SLICE_CHARS, load_encoding, text_slices
 from proxy.core.fingerprint import dumps_iteratively
 
 # Chat framing, as OpenAI documents it: every message is wrapped in a few tokens, a name costs one
@@ -128,7 +128,7 @@ class TokenCounter:
         """Counts the texts of `messages` longer than a slice, one slice per step, keeping each text's count for
         count_text: whoever drives it may let other work run between the steps (a turn's large tool result holds
         the event loop a slice at a time, under a millisecond, instead of whole). The counts are count_text's own:
-        it counts a long text as the sum of its slices."""
+        an encoding counts a long text as the sum of its slices (encodings.text_slices)."""
         for message in messages:
             for text in _long_texts(message):
                 key = hash(text)
@@ -136,8 +136,8 @@ class TokenCounter:
                     if key in self._long:
                         continue
                 total = 0
-                for start in range(0, len(text), SLICE_CHARS):
-                    total += self.encoding.count(text[start:start + SLICE_CHARS])
+                for piece in text_slices(text):
+                    total += self.encoding.count(piece)
                     yield
                 self._keep_long(key, total)
 

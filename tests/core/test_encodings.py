@@ -21,6 +21,7 @@ from proxy.core.encodings import (
     encoding_name_for_model,
     estimate_tokens,
     load_encoding,
+    text_slices,
     tiktoken_cache_dir,
 )
 from proxy.core.tokens import TokenCounter
@@ -152,6 +153,15 @@ def test_long_text_is_counted_in_slices_within_a_token_per_slice(text: str) -> N
     slices = -(-len(text) // SLICE_CHARS)
     assert len(text) > SLICE_CHARS
     assert exact <= encoding.count(text) <= exact + 2 * slices
+
+
+@pytest.mark.parametrize(("length", "slices"), [(SLICE_CHARS + 1, 2), (2 * SLICE_CHARS, 2), (3 * SLICE_CHARS + 5, 4)])
+def test_a_long_text_is_counted_as_the_sum_of_its_slices(length: int, slices: int) -> None:
+    text = "".join(f"line {n}: value={n * 7}\n" for n in range(length))[:length]
+    pieces = list(text_slices(text))
+    assert len(pieces) == slices and "".join(pieces) == text and all(len(piece) <= SLICE_CHARS for piece in pieces)
+    encoding = load_encoding("cl100k_base")
+    assert encoding.count(text) == sum(map(encoding.count, pieces))
 
 
 def test_the_loaded_encoding_keeps_only_what_counting_needs() -> None:
