@@ -3,14 +3,14 @@
 Usage: python -m bench.steps [--shape long] [--requests N] [--pieces BYTES] [--proxy-root PATH]
 
 The proxy runs in this process (proxy.app.start_server, the bench's config, compaction on) against the fast fake
-upstream (bench.fast_upstream, a child process), and one client sends the shape's requests one at a time: WARMUP
-first, then N timed. Each step in STEPS is wrapped for the run: the time from its call to its return (awaits
-included, so a step that waits on I/O shows its wait; the steps listed do none but the store lookup, which is a
-dict here). The figures are what the proxy's own steps cost with everything else a request does around them, so
-they run about twice what the same function costs in a loop on its own (the data it reads is no longer in the
-CPU's caches). `--proxy-root` times another checkout's proxy (a step it lacks is left out). `--pieces` sends each
-body in pieces of that many bytes (chunked), the loop let go between them, as a body comes in over a network: the
-proxy reads it piece by piece instead of whole. Bounded: at most MAX_REQUESTS requests.
+upstream (bench.fast_upstream, a child process), and one client sends the shape's requests, to its API's route, one at
+a time: WARMUP first, then N timed. Each step in STEPS is wrapped for the run: the time from its call to its return
+(awaits included, so a step that waits on I/O shows its wait; the steps listed do none but the store lookup, which is
+a dict here). The figures are what the proxy's own steps cost with everything else a request does around them, so they
+run about twice what the same function costs in a loop on its own (the data it reads is no longer in the CPU's
+caches). `--proxy-root` times another checkout's proxy (a step it lacks is left out). `--pieces` sends each body in
+pieces of that many bytes (chunked), the loop let go between them, as a body comes in over a network: the proxy reads
+it piece by piece instead of whole. Bounded: at most MAX_REQUESTS requests.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ STEPS = (
     "proxy.http.request_body:read_bounded",
     "proxy.compaction.pipeline:Pipeline.glanced",
     "proxy.compaction.pipeline:Pipeline.parse",
+    "proxy.dialects.chat:ChatDialect.parse",  # which API's reading a request got: its shape's own
+    "proxy.dialects.responses:ResponsesDialect.parse",
+    "proxy.dialects.messages:MessagesDialect.parse",
     "proxy.dialects.body_memo:_encodes_to",
     "proxy.compaction.pipeline:Pipeline._edited",
     "proxy.compaction.pipeline:Pipeline._begin",
@@ -132,7 +135,7 @@ async def run(shape: str, requests: int, clock: Clock, pieces: int = 0) -> float
                         started = time.process_time()
                     body = made.body(index)
                     data = _in_pieces(body, pieces) if pieces else body
-                    async with session.post(f"{server.url}/v1/chat/completions", data=data,
+                    async with session.post(f"{server.url}{made.shape.path}", data=data,
                                             headers=headers) as response:
                         await response.read()
                         if response.status != 200:

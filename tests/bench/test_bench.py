@@ -102,6 +102,18 @@ def test_the_steps_benchmark_times_the_proxys_own_steps_per_request(pieces: str)
     assert rows["Pipeline._begin (µs)"] >= rows["HistoryIndex.read_off_loop (µs)"]  # the index is read inside it
 
 
+@pytest.mark.parametrize(("shape", "read_by"), [("long", "ChatDialect"), ("long-responses", "ResponsesDialect"),
+                                                ("long-messages", "MessagesDialect")])
+def test_the_steps_benchmark_sends_each_shape_to_its_apis_route(shape: str, read_by: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.steps", "--shape", shape, "--requests", "3"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = {label: float(next(iter(cells.values()))) for label, cells in table(done.stdout).items()}
+    calls = {dialect: rows[f"{dialect}.parse calls (calls)"]
+             for dialect in ("ChatDialect", "ResponsesDialect", "MessagesDialect")}
+    assert calls == {dialect: 1.0 if dialect == read_by else 0.0 for dialect in calls}
+
+
 def test_the_stalls_benchmark_probes_the_loop_while_turns_bring_large_results() -> None:
     done = subprocess.run([sys.executable, "-m", "bench.stalls", "--rounds", "1", "--turns", "2", "--conversations",
                            "2", "--result-chars", "20000"], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -122,7 +134,7 @@ def test_the_stalls_benchmark_refuses_what_would_near_the_window_or_run_unbounde
 
 @pytest.mark.parametrize("module", ["bench", "bench.agents", "bench.calls", "bench.fidelity", "bench.hostile",
                                     "bench.small_windows", "bench.reuse_latency", "bench.soak", "bench.steps",
-                                    "bench.stalls"])
+                                    "bench.stalls", "bench.instructions"])
 def test_a_benchmark_starts_without_pytest(module: str) -> None:
     """The fakes and helpers a benchmark shares with the tests import no pytest: a machine with only the
     benchmark's dependencies runs it."""

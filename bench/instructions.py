@@ -1,0 +1,210 @@
+"""Instructions per request, counted by valgrind's callgrind inside each target: the work a request costs, which
+the machine's load does not move.
+
+Usage: python -m bench.instructions [--requests N] [--only small,long,long-responses,long-messages] [--off]
+                                    [--proxy-root PATH ...]
+
+How to read it
+--------------
+Each target (the floor, and `python -m proxy` with compaction on for each root; `--off` adds the proxies with it off)
+runs under `valgrind --tool=callgrind`, counting nothing until it is told to (`--instr-atstart=no`). It answers WARMUP
+requests of a shape first and is let finish what they started in the background, if anything; then its count is
+switched on (`callgrind_control --instr=on`), it answers N more, and its count is written out (`callgrind_control
+--dump`). The figure is that count over N: the machine instructions one more request costs the target, start-up,
+imports and warm-up left out (requests go one at a time, from `bench.load`; what the loop does while it waits, a timer
+or two, is counted with them and is little).
+
+An instruction is not a unit of time either: a request that moves half a megabyte spends much of its time waiting
+for memory, which an instruction count does not see, so the long histories' ratios here are lower than their CPU
+ratios in `python -m bench`. What it is good for: the same figure to 0.5 % on a machine whose timed rounds move by
+a third from one run to the next, so a change that saves a few microseconds a request shows, and shows where.
+Under callgrind a target runs some fifty times slower: a few hundred requests a shape is plenty. What depends on
+the clock is not measured the same way: the reuse shapes are left out, as a conversation near its threshold is
+planned by its pace in seconds (see SHAPE_NAMES). Needs valgrind (Debian's `valgrind`, which `.ci/run` installs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from bench.bodies import SHAPES
+from bench.load_client import LoadClient
+from bench.machine import commit
+from bench.processes import BENCH_ROOT, Child, answers, cpu_seconds, spawn, start_upstream, stop, wait_until
+from bench.scenarios import Row
+from bench.table import render
+from bench.targets import proxy_config
+from tests.ports import free_port
+
+WARMUP = 20
+MAX_REQUESTS = 2000
+MAX_SECONDS = 900.0  # a run of requests under callgrind, at most
+START_TIMEOUT = 120.0  # a target starting under callgrind, at most
+DUMP_TIMEOUT = 60.0
+SETTLE_TIMEOUT = 300.0  # a target's work left over from its warm-up (a summary made in the background), at most
+SETTLE_INTERVAL = 1.0
+IDLE_SHARE = 0.05  # of a core: a target using less than this between two looks is idle
+# Not the reuse shapes: near the threshold the proxy plans summaries ahead by the conversation's pace against the
+# summariser's time, in seconds, and under callgrind every turn takes fifty times longer, so it plans (and replays
+# the turns ahead) where a proxy at full speed does not. Nor the streams: they are paced by the clock too.
+SHAPE_NAMES = ("small", "long", "long-responses", "long-messages")
+# The total callgrind writes at the head of a dump ("summary:", or "totals:" in older versions).
+_TOTAL = re.compile(rb"^(?:summary|totals): (\d+)", re.MULTILINE)
+
+# Starts a target under callgrind: (directory, upstream port, tag) -> (its process, its dump file, its port).
+Start = Callable[[Path, int, str], tuple[Child, Path, int]]
+
+
+def counted_run(name: str, module_argv: Sequence[str], cwd: Path, directory: Path, tag: str) -> tuple[Child, Path]:
+    """`python -m <module_argv>` under callgrind in `cwd`, counting nothing yet."""
+    dump = directory / f"{tag}.callgrind"
+    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={dump}",
+            sys.executable, "-m", *module_argv]
+    return spawn(name, argv, cwd=cwd, log=directory / f"{tag}.log"), dump
+
+
+def floor_target(directory: Path, upstream_port: int, tag: str) -> tuple[Child, Path, int]:
+    ready = directory / f"{tag}.port"
+    child, dump = counted_run("floor", ["bench.floor", "--upstream", f"http://127.0.0.1:{upstream_port}",
+                                        "--port", "0", "--ready-file", str(ready)], BENCH_ROOT, directory, tag)
+    wait_until(child, ready.exists, START_TIMEOUT)
+    return child, dump, int(ready.read_text())
+
+
+def proxy_start(root: Path, compaction: bool) -> Start:
+    def start(directory: Path, upstream_port: int, tag: str) -> tuple[Child, Path, int]:
+        port = free_port()
+        config = directory / f"{tag}.yaml"
+        config.write_text(proxy_config(upstream_port, port, compaction))
+        child, dump = counted_run(tag, ["proxy", "--config", str(config)], root, directory, tag)
+        wait_until(child, lambda: answers(f"http://127.0.0.1:{port}/healthz"), START_TIMEOUT)
+        return child, dump, port
+    return start
+
+
+def total_of(dump: bytes) -> int:
+    """The instructions a callgrind dump counted in all (ValueError when it holds no total)."""
+    found = _TOTAL.search(dump)
+    if found is None:
+        raise ValueError("no summary or totals line in the callgrind dump")
+    return int(found.group(1))
+
+
+def control(child: Child, *flags: str) -> None:
+    done = subprocess.run(["callgrind_control", *flags, str(child.pid)], capture_output=True, text=True,
+                          timeout=DUMP_TIMEOUT)
+    if done.returncode != 0:
+        raise SystemExit(f"callgrind_control {' '.join(flags)} failed: {done.stderr or done.stdout}")
+
+
+def dumped(dump: Path) -> bytes:
+    """The first dump written for `dump` (callgrind numbers them `<file>.1`, ...), once it is whole."""
+    deadline = time.monotonic() + DUMP_TIMEOUT
+    while time.monotonic() < deadline:
+        parts = sorted(dump.parent.glob(f"{dump.name}.*"))
+        if parts and (text := parts[0].read_bytes()) and _TOTAL.search(text):
+            return text
+        time.sleep(0.1)
+    raise SystemExit(f"callgrind wrote no dump for {dump.name} within {DUMP_TIMEOUT:g} s")
+
+
+def counted(start: Start, directory: Path, shape: str, requests: int, upstream_port: int, tag: str) -> float:
+    """Instructions per request of `shape` through the target `start` makes."""
+    child, dump, port = start(directory, upstream_port, f"{tag}-{shape}")
+    client = LoadClient(directory)
+    url = f"http://127.0.0.1:{port}{SHAPES[shape].path}"
+    try:
+        for total, before in ((WARMUP, ()), (requests, ("--instr=on",))):
+            if before:
+                settle(child)
+                control(child, *before)
+            done = client.run(url, shape, 1, total, MAX_SECONDS)
+            if done.get("errors") or done.get("requests") != total:
+                raise SystemExit(f"{tag} did not answer {total} {shape} requests with 200: {done}")
+        control(child, "--dump")
+        return total_of(dumped(dump)) / requests
+    finally:
+        client.close()
+        stop(child)
+
+
+def settle(child: Child) -> None:
+    """Wait until the target is idle: what its warm-up started in the background (the first reads of a history,
+    a journal's writes) would otherwise be counted against the requests after it."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    used = cpu_seconds(child.pid)
+    while time.monotonic() < deadline:
+        time.sleep(SETTLE_INTERVAL)
+        now = cpu_seconds(child.pid)
+        if now - used < IDLE_SHARE * SETTLE_INTERVAL:
+            return
+        used = now
+    raise SystemExit(f"{child.name} was still busy {SETTLE_TIMEOUT:g} s after its warm-up")
+
+
+def rows(results: dict[str, dict[str, float]], shapes: Sequence[str]) -> list[Row]:
+    """Each shape's instructions per request (millions), and the same over the floor's (its own cell empty)."""
+    found = []
+    for shape in shapes:
+        floor = results["floor"][shape]
+        found.append(Row(f"{shape}: instructions per request", "M",
+                         {column: by_shape[shape] / 1e6 for column, by_shape in results.items()}))
+        found.append(Row(f"{shape}: the same / floor's", "x",
+                         {column: by_shape[shape] / floor for column, by_shape in results.items()
+                          if column != "floor"}))
+    return found
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=200, help="requests counted per shape (default 200)")
+    parser.add_argument("--only", default="small,long", help=f"shapes, of {','.join(SHAPE_NAMES)}")
+    parser.add_argument("--proxy-root", type=Path, action="append", default=None,
+                        help="a checkout whose proxy to count (repeatable; default this one)")
+    parser.add_argument("--off", action="store_true", help="count the proxies with compaction off too")
+    args = parser.parse_args(argv)
+    args.shapes = [shape for shape in args.only.split(",") if shape]
+    if not args.shapes or any(shape not in SHAPE_NAMES for shape in args.shapes):
+        parser.error(f"--only takes {','.join(SHAPE_NAMES)}")
+    if not 1 <= args.requests <= MAX_REQUESTS:
+        parser.error(f"--requests must be between 1 and {MAX_REQUESTS}")
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        parser.error("valgrind is not installed (Debian: apt-get install valgrind)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    roots = [root.resolve() for root in args.proxy_root or [BENCH_ROOT]]
+    starts: dict[str, Start] = {"floor": floor_target}
+    for root in roots:
+        for kind in ("off", "on") if args.off else ("on",):
+            label = f"proxy {kind}" + (f" {root.name}@{commit(root)}" if len(roots) > 1 else "")
+            starts[label] = proxy_start(root, kind == "on")
+    with tempfile.TemporaryDirectory(prefix="bench-instructions-") as name:
+        directory = Path(name)
+        upstream, upstream_port = start_upstream(directory)
+        try:
+            results = {label: {shape: counted(start, directory, shape, args.requests, upstream_port,
+                                              re.sub(r"[^\w.-]+", "-", label))
+                               for shape in args.shapes} for label, start in starts.items()}
+        finally:
+            stop(upstream)
+    header = [f"python: {platform.python_version()}, {platform.machine()}",
+              f"requests counted per shape: {args.requests}, one at a time, after {WARMUP}"]
+    print(render(header, list(results), rows(results, args.shapes)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
