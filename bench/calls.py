@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.load_client import LoadClient
 from bench.machine import commit
 from bench.processes import BENCH_ROOT, Child, spawn, start_upstream, stop, wait_proxy, wait_until
-from bench.scenarios import Row
+from bench.scenarios import Row, over_floor
 from bench.table import render
 from bench.targets import proxy_config
 from tests.ports import free_port
@@ -113,12 +113,9 @@ def rows(results: dict[str, dict[str, Counted]], shapes: Sequence[str]) -> list[
     """Each shape's calls per request, and the same over the floor's (the floor's own cell empty)."""
     found = []
     for shape in shapes:
-        floor = results["floor"][shape].calls
-        found.append(Row(f"{shape}: Python calls per request", "calls",
-                         {column: by_shape[shape].calls for column, by_shape in results.items()}))
-        found.append(Row(f"{shape}: the same / floor's", "x", {column: by_shape[shape].calls / floor
-                                                                for column, by_shape in results.items()
-                                                                if column != "floor"}))
+        figures = {column: by_shape[shape].calls for column, by_shape in results.items()}
+        found.append(Row(f"{shape}: Python calls per request", "calls", figures))
+        found.append(Row(f"{shape}: the same / floor's", "x", over_floor(figures)))
     return found
 
 

@@ -38,11 +38,10 @@ from pathlib import Path
 
 from bench.bodies import SHAPES
 from bench.load_client import LoadClient
-from bench.machine import commit
 from bench.processes import BENCH_ROOT, Child, answers, cpu_seconds, spawn, start_upstream, stop, wait_until
-from bench.scenarios import Row
+from bench.scenarios import Row, over_floor
 from bench.table import render
-from bench.targets import proxy_config
+from bench.targets import column, proxy_config
 from tests.ports import free_port
 
 WARMUP = 20
@@ -123,18 +122,22 @@ def counted(start: Start, directory: Path, shape: str, requests: int, upstream_p
     client = LoadClient(directory)
     url = f"http://127.0.0.1:{port}{SHAPES[shape].path}"
     try:
-        for total, before in ((WARMUP, ()), (requests, ("--instr=on",))):
-            if before:
-                settle(child)
-                control(child, *before)
-            done = client.run(url, shape, 1, total, MAX_SECONDS)
-            if done.get("errors") or done.get("requests") != total:
-                raise SystemExit(f"{tag} did not answer {total} {shape} requests with 200: {done}")
+        answered(client, url, shape, WARMUP, tag)
+        settle(child)
+        control(child, "--instr=on")
+        answered(client, url, shape, requests, tag)
         control(child, "--dump")
         return total_of(dumped(dump)) / requests
     finally:
         client.close()
         stop(child)
+
+
+def answered(client: LoadClient, url: str, shape: str, total: int, tag: str) -> None:
+    """`total` requests of `shape`, one at a time, each answered 200."""
+    done = client.run(url, shape, 1, total, MAX_SECONDS)
+    if done.get("errors") or done.get("requests") != total:
+        raise SystemExit(f"{tag} did not answer {total} {shape} requests with 200: {done}")
 
 
 def settle(child: Child) -> None:
@@ -155,12 +158,10 @@ def rows(results: dict[str, dict[str, float]], shapes: Sequence[str]) -> list[Ro
     """Each shape's instructions per request (millions), and the same over the floor's (its own cell empty)."""
     found = []
     for shape in shapes:
-        floor = results["floor"][shape]
+        figures = {target: by_shape[shape] for target, by_shape in results.items()}
         found.append(Row(f"{shape}: instructions per request", "M",
-                         {column: by_shape[shape] / 1e6 for column, by_shape in results.items()}))
-        found.append(Row(f"{shape}: the same / floor's", "x",
-                         {column: by_shape[shape] / floor for column, by_shape in results.items()
-                          if column != "floor"}))
+                         {target: value / 1e6 for target, value in figures.items()}))
+        found.append(Row(f"{shape}: the same / floor's", "x", over_floor(figures)))
     return found
 
 
@@ -189,8 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     starts: dict[str, Start] = {"floor": floor_target}
     for root in roots:
         for kind in ("off", "on") if args.off else ("on",):
-            label = f"proxy {kind}" + (f" {root.name}@{commit(root)}" if len(roots) > 1 else "")
-            starts[label] = proxy_start(root, kind == "on")
+            starts[column(kind, root, len(roots) > 1)] = proxy_start(root, kind == "on")
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as name:
         directory = Path(name)
         upstream, upstream_port = start_upstream(directory)
