@@ -1,7 +1,7 @@
 """Instructions per request, counted by valgrind's callgrind inside each target: the work a request costs, which
 the machine's load does not move.
 
-Usage: python -m bench.instructions [--requests N] [--only small,long,long-responses,long-messages] [--off]
+Usage: python -m bench.instructions [--requests N] [--only small,long,...,reuse-messages] [--off]
                                     [--proxy-root PATH ...]
 
 How to read it
@@ -19,13 +19,15 @@ for memory, which an instruction count does not see, so the long histories' rati
 ratios in `python -m bench`. What it is good for: the same figure to 0.5 % on a machine whose timed rounds move by
 a third from one run to the next, so a change that saves a few microseconds a request shows, and shows where.
 Under callgrind a target runs some fifty times slower: a few hundred requests a shape is plenty. What depends on
-the clock is not measured the same way: the reuse shapes are left out, as a conversation near its threshold is
-planned by its pace in seconds (see SHAPE_NAMES). Needs valgrind (Debian's `valgrind`, which `.ci/run` installs).
+the clock is kept out: the streams are paced by it, and a conversation near its threshold is planned by its pace in
+seconds, so the reuse shapes are counted with `compaction.background` off (see UNPACED). Needs valgrind (Debian's
+`valgrind`, which `.ci/run` installs).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import re
 import shutil
@@ -52,15 +54,20 @@ DUMP_TIMEOUT = 60.0
 SETTLE_TIMEOUT = 300.0  # a target's work left over from its warm-up (a summary made in the background), at most
 SETTLE_INTERVAL = 1.0
 IDLE_SHARE = 0.05  # of a core: a target using less than this between two looks is idle
-# Not the reuse shapes: near the threshold the proxy plans summaries ahead by the conversation's pace against the
-# summariser's time, in seconds, and under callgrind every turn takes fifty times longer, so it plans (and replays
-# the turns ahead) where a proxy at full speed does not. Nor the streams: they are paced by the clock too.
-SHAPE_NAMES = ("small", "long", "long-responses", "long-messages")
+# Not the streams: they are paced by the clock.
+SHAPE_NAMES = ("small", "long", "long-responses", "long-messages", "reuse", "reuse-responses", "reuse-messages")
+# Near its threshold a conversation's next summary is planned by its pace against the summariser's time, in seconds:
+# under callgrind every turn takes fifty times longer, so a proxy plans (and replays the turns ahead) where at full
+# speed it does not. These shapes are counted with that planning off (compaction.background: false). At full speed
+# the same reuse hits with it on made some 60 more Python calls a request (cProfile), all of them the pace's
+# bookkeeping, against some 1,500: the figure leaves out about that much.
+UNPACED = frozenset({"reuse", "reuse-responses", "reuse-messages"})
 # The total callgrind writes at the head of a dump ("summary:", or "totals:" in older versions).
 _TOTAL = re.compile(rb"^(?:summary|totals): (\d+)", re.MULTILINE)
 
-# Starts a target under callgrind: (directory, upstream port, tag) -> (its process, its dump file, its port).
-Start = Callable[[Path, int, str], tuple[Child, Path, int]]
+# Starts a target under callgrind for a shape: (directory, upstream port, tag, shape) -> (its process, its dump
+# file, its port).
+Start = Callable[[Path, int, str, str], tuple[Child, Path, int]]
 
 
 def counted_run(name: str, module_argv: Sequence[str], cwd: Path, directory: Path, tag: str) -> tuple[Child, Path]:
@@ -71,7 +78,7 @@ def counted_run(name: str, module_argv: Sequence[str], cwd: Path, directory: Pat
     return spawn(name, argv, cwd=cwd, log=directory / f"{tag}.log"), dump
 
 
-def floor_target(directory: Path, upstream_port: int, tag: str) -> tuple[Child, Path, int]:
+def floor_target(directory: Path, upstream_port: int, tag: str, shape: str) -> tuple[Child, Path, int]:
     ready = directory / f"{tag}.port"
     child, dump = counted_run("floor", ["bench.floor", "--upstream", f"http://127.0.0.1:{upstream_port}",
                                         "--port", "0", "--ready-file", str(ready)], BENCH_ROOT, directory, tag)
@@ -80,14 +87,22 @@ def floor_target(directory: Path, upstream_port: int, tag: str) -> tuple[Child, 
 
 
 def proxy_start(root: Path, compaction: bool) -> Start:
-    def start(directory: Path, upstream_port: int, tag: str) -> tuple[Child, Path, int]:
+    def start(directory: Path, upstream_port: int, tag: str, shape: str) -> tuple[Child, Path, int]:
         port = free_port()
         config = directory / f"{tag}.yaml"
-        config.write_text(proxy_config(upstream_port, port, compaction))
+        config.write_text(counted_config(upstream_port, port, compaction, shape))
         child, dump = counted_run(tag, ["proxy", "--config", str(config)], root, directory, tag)
         wait_until(child, lambda: answers(f"http://127.0.0.1:{port}/healthz"), START_TIMEOUT)
         return child, dump, port
     return start
+
+
+def counted_config(upstream_port: int, port: int, compaction: bool, shape: str) -> str:
+    """The bench's proxy configuration, with summaries planned by pace off for a shape in UNPACED."""
+    config = json.loads(proxy_config(upstream_port, port, compaction))
+    if shape in UNPACED:
+        config["compaction"]["background"] = False
+    return json.dumps(config, indent=2)
 
 
 def total_of(dump: bytes) -> int:
@@ -118,7 +133,7 @@ def dumped(dump: Path) -> bytes:
 
 def counted(start: Start, directory: Path, shape: str, requests: int, upstream_port: int, tag: str) -> float:
     """Instructions per request of `shape` through the target `start` makes."""
-    child, dump, port = start(directory, upstream_port, f"{tag}-{shape}")
+    child, dump, port = start(directory, upstream_port, f"{tag}-{shape}", shape)
     client = LoadClient(directory)
     url = f"http://127.0.0.1:{port}{SHAPES[shape].path}"
     try:

@@ -119,8 +119,10 @@ class Compactor:
             self._metrics.labelled(self._metrics.reuse_lookups, "miss").inc()
             return plain
         self._metrics.labelled(self._metrics.reuse_lookups, "hit").inc()
-        counts = self.replacements.counts((namespace, record.prefix_hash), record.replacement, self._counter.count_each)
-        return Conversation(original, chain, namespace, record, counts)
+        key = (namespace, record.prefix_hash)
+        counts = self.replacements.counts(key, record.replacement, self._counter.count_each)
+        synthetic = self.replacements.synthetic(key, record.replacement)
+        return Conversation(original, chain, namespace, record, counts, synthetic)
 
     def _applies(self, original: Sequence[Message], chain: Sequence[str], namespace: str,
                  record: CompactedPrefix) -> bool:

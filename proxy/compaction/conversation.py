@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from proxy.core.messages import Message, is_instruction, is_user, role
+from proxy.core.messages import Message, is_instruction
+from proxy.core.stored_replacements import synthetic_positions
 from proxy.store.store import CompactedPrefix
 
 
@@ -20,6 +21,8 @@ class Conversation:
     record: CompactedPrefix | None = None
     # The counter's count of each message of the record's replacement, when known (see StoredReplacements).
     replacement_counts: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    # synthetic_positions of the record's replacement, when known (see StoredReplacements).
+    replacement_synthetic: frozenset[int] | None = field(default=None, compare=False, repr=False)
 
     @cached_property
     def messages(self) -> list[Message]:
@@ -34,10 +37,9 @@ class Conversation:
         and its assistant fillers. They are summarised again later, never kept as the user's words."""
         if self.record is None:
             return frozenset()
-        stored = self.record.replacement
-        summary_at = next((i for i, message in enumerate(stored) if is_user(message)), None)
-        return frozenset(i for i, message in enumerate(stored)
-                         if i == summary_at or role(message) == "assistant")
+        if self.replacement_synthetic is not None:
+            return self.replacement_synthetic
+        return synthetic_positions(self.record.replacement)
 
     @property
     def replaced(self) -> int:

@@ -70,7 +70,7 @@ class ForwardedBody(Generic[C]):
             front = self._replacements.rendered(key, made, self._dialect.name, self._front)
         else:  # and what follows it of the group the cut split, rendered with it as `forwarded` renders it
             front = self._front([*made, *view.messages[cut:first]])
-        if front is None or not self._dialect.splices(journey.call, view, front[0], kept_from):
+        if front is None or not self._dialect.splices(journey.call, view, front[0], kept_from, self._bodies):
             return None
         return self._bodies.spliced(journey.call.body, view.source, front[1], kept_from)
 

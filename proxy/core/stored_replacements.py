@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.messages import Message
+from proxy.core.messages import Message, is_user, role
 
 CountEach = Callable[[Sequence[Message]], list[int]]
 # Conversations whose summaries are remembered at once: one entry each (a newer summary replaces an older one's), so
@@ -28,6 +28,7 @@ class _Held:
     replacement: Sequence[Message]
     counts: tuple[int, ...] | None = None
     encoded: bytes | None = None  # b"" once orjson refused it
+    synthetic: frozenset[int] | None = None
     rendered: dict[str, Front] = field(default_factory=dict)  # by dialect
 
 
@@ -57,6 +58,15 @@ class StoredReplacements:
             held.counts = tuple(count_each(replacement))
         return held.counts
 
+    def synthetic(self, key: tuple[str, str], replacement: Sequence[Message]) -> frozenset[int]:
+        """synthetic_positions of `replacement`, stored under `key`: every request that splices it in asks (the
+        tool-result stages keep their hands off those messages), and finding them again cost a reuse hit some
+        55,000 instructions."""
+        held = self._entry(key, replacement)
+        if held.synthetic is None:
+            held.synthetic = synthetic_positions(replacement)
+        return held.synthetic
+
     def encoded(self, key: tuple[str, str], replacement: Sequence[Message]) -> bytes | None:
         """orjson's encoding of the replacement's messages, comma-separated, without the list's brackets; None when
         orjson refuses one (a lone surrogate: the caller encodes its body the way that spells it)."""
@@ -81,7 +91,9 @@ class StoredReplacements:
         with self._lock:
             held = list(self._held.values())
         return all((entry.counts is None or entry.counts == tuple(count_each(entry.replacement))) and
-                   (entry.encoded is None or entry.encoded == _encoding(entry.replacement)) for entry in held)
+                   (entry.encoded is None or entry.encoded == _encoding(entry.replacement)) and
+                   (entry.synthetic is None or entry.synthetic == synthetic_positions(entry.replacement))
+                   for entry in held)
 
     def _entry(self, key: tuple[str, str], replacement: Sequence[Message]) -> _Held:
         with self._lock:
@@ -95,6 +107,13 @@ class StoredReplacements:
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+def synthetic_positions(replacement: Sequence[Message]) -> frozenset[int]:
+    """Positions in a stored replacement of what the proxy wrote: the summary (its first user message) and the
+    assistant fillers. They are summarised again later, never kept as the user's words."""
+    summary_at = next((i for i, message in enumerate(replacement) if is_user(message)), None)
+    return frozenset(i for i, message in enumerate(replacement) if i == summary_at or role(message) == "assistant")
 
 
 def _encoding(replacement: Sequence[Message]) -> bytes:

@@ -72,7 +72,8 @@ class ChatDialect:
     def rendered(self, made: list[Message]) -> list[Any]:
         return list(made)
 
-    def splices(self, call: ChatCall, view: View, front: list[Any], kept_from: int) -> bool:
+    def splices(self, call: ChatCall, view: View, front: list[Any], kept_from: int,
+                reads: Reads | None = None) -> bool:
         return False  # spliced as read (forwards_history_as_read), the summary's JSON kept while it is reused
 
     def forwarded(self, call: ChatCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:

@@ -76,10 +76,11 @@ class Dialect(AnswerReader, Protocol[CallT]):
         client's items, as `forwarded` renders a run of them."""
         ...
 
-    def splices(self, call: CallT, view: View, front: list[Any], kept_from: int) -> bool:
+    def splices(self, call: CallT, view: View, front: list[Any], kept_from: int,
+                reads: Reads | None = None) -> bool:
         """Whether `forwarded` sends the client's body with only its history's first `kept_from` items replaced by
         `front` (rendered): the body may then be spliced from the client's bytes. Chat's never is this way: it
-        splices its messages as read (`forwards_history_as_read`)."""
+        splices its messages as read (`forwards_history_as_read`). `reads`: where the history's read is kept."""
         ...
 
     def overhead(self, call: CallT, counter: TokenCounter) -> int:

@@ -164,9 +164,10 @@ class MessagesDialect:
     def rendered(self, made: list[Message]) -> list[Any]:
         return render(made)
 
-    def splices(self, call: MessagesCall, view: View, front: list[Any], kept_from: int) -> bool:
+    def splices(self, call: MessagesCall, view: View, front: list[Any], kept_from: int,
+                reads: Reads | None = None) -> bool:
         # forwarded merges neighbours of one role (alternate): spliced only where it would merge none.
-        return view.source is not None and alternating(front, view.source[kept_from:])
+        return view.source is not None and alternating(front, view.source, kept_from, reads)
 
     def overhead(self, call: MessagesCall, counter: TokenCounter) -> int:
         return counter.count_aside(call.payload.get("system"), call.payload.get("tools"))

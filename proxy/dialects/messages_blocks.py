@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import operator
+from collections.abc import Iterable
 from typing import Any
 
 from proxy.core.fingerprint import dumps_iteratively
@@ -49,6 +50,8 @@ class _Reader:
         self.groups: list[Group] = []
         self.messages: list[Message] = []  # the groups' messages, in order
         self.calls: frozenset[str] = frozenset()  # the tool_use ids the message before made: what results may answer
+        # Where a message has the role of the one before it (its place), in order: see alternating.
+        self.repeats: list[int] = []
 
     def read(self, message: Any) -> bool:
         """Takes one message; False when it is not understood (the whole request is then forwarded untouched)."""
@@ -56,6 +59,8 @@ class _Reader:
             messages, self.calls = _read(message, self.calls)
         except _Unreadable:
             return False
+        if self.groups and _ROLE(self.groups[-1].items[0]) == _ROLE(message):
+            self.repeats.append(len(self.groups))
         self.groups.append(Group((message,), tuple(messages)))
         self.messages += messages
         return True
@@ -63,13 +68,14 @@ class _Reader:
     def copy(self) -> _Reader:
         twin = _Reader()
         twin.groups, twin.messages, twin.calls = list(self.groups), list(self.messages), self.calls
+        twin.repeats = list(self.repeats)
         return twin
 
     def intact(self) -> bool:
         """Whether reading the same messages afresh makes the same groups (KeptRead)."""
         fresh = _Reader()
         return all(fresh.read(group.items[0]) for group in self.groups) and fresh.groups == self.groups and \
-            fresh.messages == self.messages
+            fresh.messages == self.messages and fresh.repeats == self.repeats
 
 
 def _read(message: Any, answerable: frozenset[str]) -> tuple[list[Message], frozenset[str]]:
@@ -349,10 +355,24 @@ def alternate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return merged
 
 
-def alternating(front: list[dict[str, Any]], rest: list[Any]) -> bool:
-    """Whether no two neighbours in `front` then `rest` share a role, so alternate() leaves them as they are
-    (it merges only neighbours of one role); looked at at C speed."""
-    roles = list(map(_ROLE, itertools.chain(front, rest)))
+def alternating(front: list[dict[str, Any]], messages: list[Any], kept_from: int, reads: Reads | None = None) -> bool:
+    """Whether no two neighbours in `front` (a run render made, whose neighbours it merged) then
+    `messages[kept_from:]` share a role, so alternate() leaves them as they are (it merges only neighbours of one
+    role). With `reads` (the body memo) keeping a read of the messages' first ones, those are not looked at again:
+    the read noted where two of them share a role (looking at the role of every message kept and of the summary's
+    cost a Messages reuse hit some 140,000 instructions of its 5 million)."""
+    if front and kept_from < len(messages) and _ROLE(front[-1]) == _ROLE(messages[kept_from]):
+        return False
+    kept = read_before(messages, reads, _Reader)
+    if kept is None or kept[1] <= kept_from:
+        return _alternate_already(messages[kept_from:])
+    reader, count = kept
+    return (not reader.repeats or reader.repeats[-1] <= kept_from) and _alternate_already(messages[count - 1:])
+
+
+def _alternate_already(items: Iterable[Any]) -> bool:
+    """Whether no two neighbours share a role; looked at at C speed."""
+    roles = list(map(_ROLE, items))
     return not any(map(operator.eq, roles, itertools.islice(roles, 1, None)))
 
 

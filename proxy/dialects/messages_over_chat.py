@@ -93,7 +93,8 @@ class MessagesOverChatDialect(MessagesDialect):
             return edited
         return replace(edited, body=encode_json(chat_request(edited.payload)))  # the edits, asked of chat
 
-    def splices(self, call: MessagesCall, view: View, front: list[Any], kept_from: int) -> bool:
+    def splices(self, call: MessagesCall, view: View, front: list[Any], kept_from: int,
+                reads: Reads | None = None) -> bool:
         return False  # what goes upstream is a chat request, not the client's body
 
     def forwarded(self, call: MessagesCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:

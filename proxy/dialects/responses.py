@@ -122,7 +122,8 @@ class ResponsesDialect:
     def rendered(self, made: list[Message]) -> list[Any]:
         return render(made)
 
-    def splices(self, call: ResponsesCall, view: View, front: list[Any], kept_from: int) -> bool:
+    def splices(self, call: ResponsesCall, view: View, front: list[Any], kept_from: int,
+                reads: Reads | None = None) -> bool:
         return self.upstream_compacts or "context_management" not in call.payload  # else forwarded without it
 
     def overhead(self, call: ResponsesCall, counter: TokenCounter) -> int:
@@ -201,7 +202,8 @@ class ResponsesOverChatDialect(ResponsesDialect):
     def forwarded(self, call: ResponsesCall, view: View, history: list[Message], *, ask_usage: bool) -> bytes:
         return encode_json(chat_request(call.payload, history))
 
-    def splices(self, call: ResponsesCall, view: View, front: list[Any], kept_from: int) -> bool:
+    def splices(self, call: ResponsesCall, view: View, front: list[Any], kept_from: int,
+                reads: Reads | None = None) -> bool:
         return False  # what goes upstream is a chat request, not the client's body
 
     def usage(self, payload: Any) -> Usage | None:

@@ -3,12 +3,15 @@ out of a callgrind dump."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
+import yaml
 
-from bench.instructions import total_of
+from bench.instructions import SHAPE_NAMES, UNPACED, counted_config, total_of
+from proxy.config import Settings
 from tests.bench.test_bench import ROOT, table
 
 
@@ -44,7 +47,29 @@ def test_it_counts_each_targets_instructions_per_request() -> None:
         counts["proxy on"] / counts["floor"], abs=0.01)
 
 
-@pytest.mark.parametrize("flags", [["--only", "stream"], ["--only", "reuse"], ["--only", "nonsense"],
+@pytest.mark.parametrize("shape", SHAPE_NAMES)
+def test_a_reuse_shape_is_counted_without_summaries_planned_by_pace(shape: str) -> None:
+    """Under callgrind a turn takes fifty times longer, and a proxy that plans summaries by a conversation's pace
+    in seconds would replay turns ahead that at full speed it does not: the reuse shapes are counted with
+    compaction.background off, every other shape with the bench's configuration as it is."""
+    config = json.loads(counted_config(8001, 8080, True, shape))
+    assert ("background" in config["compaction"]) is (shape in UNPACED)
+    if shape in UNPACED:
+        assert config["compaction"]["background"] is False
+    settings = Settings.model_validate(yaml.safe_load(counted_config(8001, 8080, True, shape)))
+    assert settings.compaction.enabled and settings.compaction.background is (shape not in UNPACED)
+
+
+def test_it_counts_a_reuse_hit() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.instructions", "--requests", "2", "--only", "reuse-messages"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    counts = table(done.stdout)["reuse-messages: instructions per request (M)"]
+    # A 475 KB body read and sent on costs the floor a few million instructions; the proxy reads it too.
+    assert 0.5 < float(counts["floor"]) < float(counts["proxy on"]) < 50
+
+
+@pytest.mark.parametrize("flags", [["--only", "stream"], ["--only", "hold"], ["--only", "nonsense"],
                                    ["--requests", "0"], ["--requests", "2001"]])
 def test_it_refuses_what_it_cannot_count_or_would_run_unbounded(flags: list[str]) -> None:
     done = subprocess.run([sys.executable, "-m", "bench.instructions", *flags], cwd=ROOT, capture_output=True,

@@ -68,6 +68,16 @@ def test_tenants_back_off_apart() -> None:
     assert Conversation(HISTORY, CHAIN, "a").backoff_key != Conversation(HISTORY, CHAIN, "b").backoff_key
 
 
+def test_what_the_proxy_wrote_comes_with_the_stored_replacement_when_known() -> None:
+    """The compactor hands over the positions it keeps with the replacement (StoredReplacements): they are used as
+    given, and not part of what the conversation is."""
+    given = frozenset({1, 2})
+    conversation = Conversation(HISTORY, CHAIN, "ns", record(5, SYSTEM, SUMMARY, FILLER), None, given)
+    assert conversation.synthetic is given
+    assert conversation == Conversation(HISTORY, CHAIN, "ns", record(5, SYSTEM, SUMMARY, FILLER))
+    assert Conversation(HISTORY, CHAIN, "ns", None, None, given).synthetic == frozenset()  # no record, nothing
+
+
 def test_the_forwarded_messages_are_made_once() -> None:
     conversation = Conversation(HISTORY, CHAIN, "ns", record(5, SYSTEM, SUMMARY, FILLER))
     assert conversation.messages is conversation.messages

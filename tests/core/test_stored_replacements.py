@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from proxy.core.messages import Message
-from proxy.core.stored_replacements import StoredReplacements
+from proxy.core.stored_replacements import StoredReplacements, synthetic_positions
 
 
 class Counting:
@@ -148,17 +148,47 @@ def test_threads_asking_at_once_each_get_the_counts_and_the_bound_holds() -> Non
     assert not wrong and len(stored) == 4
 
 
-@pytest.mark.parametrize("change", ["content", "added key", "none"])
+@pytest.mark.parametrize("change", ["content", "added key", "role", "none"])
 def test_intact_tells_a_held_message_changed_in_place(change: str) -> None:
     count, stored = Counting(), StoredReplacements()
-    replacement = ({"role": "user", "content": "the summary"},)
+    replacement = ({"role": "user", "content": "the summary"}, {"role": "user", "content": "kept words"})
     stored.counts(KEY, replacement, count)
     stored.encoded(KEY, replacement)
+    stored.synthetic(KEY, replacement)
     if change == "content":
         replacement[0]["content"] = "the summary, edited"
     elif change == "added key":
         replacement[0]["name"] = "x"
+    elif change == "role":  # what the proxy wrote is found by role: a changed one moves it
+        replacement[1]["role"] = "assistant"
     assert stored.intact(count) is (change == "none")
+
+
+SYSTEM = {"role": "system", "content": "be brief"}
+FILLER = {"role": "assistant", "content": "Understood."}
+WORDS = {"role": "user", "content": "the user's own words, kept"}
+
+
+@pytest.mark.parametrize(("replacement", "positions"), [
+    ((SYSTEM, *SUMMARY), {1, 2}),  # the summary and its acknowledgement, after the kept instructions
+    ((SUMMARY[0],), {0}),
+    ((SUMMARY[0], FILLER, WORDS, FILLER), {0, 1, 3}),  # a later user message is the client's, kept verbatim
+    ((SYSTEM, FILLER), {1}),  # no user message: the fillers only
+    ((), set()),
+])
+def test_what_the_proxy_wrote_is_the_first_user_message_and_every_assistant_one(
+        replacement: tuple[dict[str, Any], ...], positions: set[int]) -> None:
+    assert synthetic_positions(replacement) == positions
+    assert StoredReplacements().synthetic(KEY, replacement) == positions
+
+
+def test_what_the_proxy_wrote_is_found_once_per_replacement_object() -> None:
+    stored = StoredReplacements()
+    first = stored.synthetic(KEY, SUMMARY)
+    assert all(stored.synthetic(KEY, SUMMARY) is first for _ in range(3))
+    equal = tuple(dict(message) for message in SUMMARY)  # a store that decodes anew: found again, the same answer
+    again = stored.synthetic(KEY, equal)
+    assert again == first and again is not first
 
 
 @pytest.mark.parametrize("size", [0, -1])

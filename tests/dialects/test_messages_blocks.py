@@ -7,12 +7,14 @@ import itertools
 import json
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core.tokens import TokenCounter
-from proxy.dialects.messages_blocks import alternate, render, view_of_messages
+from proxy.dialects.body_memo import BodyMemo
+from proxy.dialects.messages_blocks import alternate, alternating, render, view_of_messages
 from proxy.summarizer.transcript import format_message_for_compacting
 
 CACHE = {"cache_control": {"type": "ephemeral"}}
@@ -245,6 +247,56 @@ def test_alternate_merges_neighbours_and_keeps_the_rest() -> None:
 def test_alternate_leaves_what_it_cannot_merge() -> None:
     odd = [{"role": "user", "content": None}, {"role": "user", "content": "x"}, "junk", "junk"]
     assert alternate(odd) == odd
+
+
+def said(roles: str) -> list[dict[str, Any]]:
+    """Messages of the roles' initials (u, a), each of its own words."""
+    return [{"role": {"u": "user", "a": "assistant"}[initial], "content": f"words {n}"}
+            for n, initial in enumerate(roles)]
+
+
+def looked_at_whole(front: list[dict[str, Any]], messages: list[dict[str, Any]], kept_from: int) -> bool:
+    """The definition, for a front whose own roles alternate (render's)."""
+    roles = [message["role"] for message in [*front, *messages[kept_from:]]]
+    return all(first != second for first, second in itertools.pairwise(roles))
+
+
+@pytest.mark.parametrize(("front", "messages", "kept_from", "expected"), [
+    ("ua", "uauaua", 2, True),
+    ("u", "uauaua", 2, False),  # the summary (a user message) meets a kept user message: forwarded merges them
+    ("ua", "uuauaa", 2, False),  # two assistant messages at the end
+    ("ua", "uuuaua", 2, True),  # the first kept message repeats the role of the one before it: that one is gone
+    ("ua", "uauuau", 2, False),  # the first kept message and the next share a role
+    ("u", "uuuaua", 3, True),
+    ("uau", "uuaua", 2, True),
+    ("", "uaau", 1, False),  # nothing in front
+    ("", "uaua", 1, True),
+])
+def test_alternating_tells_whether_front_then_the_kept_messages_alternate(front: str, messages: str,
+                                                                         kept_from: int, expected: bool) -> None:
+    assert alternating(said(front), said(messages), kept_from) is expected
+    bodies = BodyMemo(min_bytes=64, key_bytes=64)
+    read = bodies.read(orjson.dumps({"model": "m", "messages": said(messages)}), "messages")["messages"]
+    assert view_of_messages(read, bodies) is not None
+    assert alternating(said(front), read, kept_from, bodies) is expected
+
+
+@settings(max_examples=80, deadline=None)
+@given(first=st.text("ua", min_size=2, max_size=10), grown=st.text("ua", max_size=4),
+       front=st.sampled_from(["", "u", "a", "ua", "au", "uau"]), data=st.data())
+def test_alternating_from_a_kept_read_is_the_look_at_every_message(first: str, grown: str, front: str,
+                                                                    data: st.DataObject) -> None:
+    """An agent's history resent, grown by a turn, through the body memo: what the kept read noted of the messages
+    it read gives the answer a look at every kept message gives, wherever the summary's cut falls."""
+    bodies = BodyMemo(min_bytes=64, key_bytes=64)
+    for roles in (first, first + grown):
+        read = bodies.read(orjson.dumps({"model": "m", "messages": said(roles)}), "messages")["messages"]
+        assert view_of_messages(read, bodies) is not None
+        assert bodies.kept_read(read, resuming=False) is not None  # what alternating goes on from
+        kept_from = data.draw(st.integers(0, len(roles) - 1), label="kept_from")
+        assert alternating(said(front), read, kept_from, bodies) is \
+            looked_at_whole(said(front), read, kept_from)
+    assert bodies.intact()
 
 
 # --- properties ---------------------------------------------------------------------------------------------------
