@@ -216,6 +216,10 @@ def test_keyed_on_is_keyed_afresh(shapes: list[tuple[int, int]], added: list[tup
         return
     assert got is not None and got.keys == view.message_keys(item_keys(view), salt)
     assert got.shared == min(kept, len(groups))
+    assert got.empty == [index for index, each in enumerate(view.groups) if not each.messages]
+    # What is kept after any cut is the same from the counts kept with the keys as from the groups looked at.
+    for count in range(len(view.messages) + 2):
+        assert view.kept_after(count, got) == view.kept_after(count)
 
 
 @pytest.mark.parametrize("sizes, counts, expected", [
@@ -252,6 +256,16 @@ def test_what_is_kept_after_a_cut_as_a_table(count: int, expected: tuple[int, in
 def test_a_group_that_makes_no_message_after_the_cut_keeps_nothing() -> None:
     view = keyed([ASK, group("empty", messages=0), ANSWER])
     assert view.kept_after(1) is None and view.kept_after(1, view.keyed(item_keys(view), "x")) is None
+
+
+def test_a_group_that_makes_no_message_before_the_cut_is_replaced_with_it() -> None:
+    view = keyed([group("empty", messages=0), ASK, CALL, ANSWER])
+    keys = view.keyed(item_keys(view), "x")
+    assert keys is not None and keys.empty == [0]
+    assert view.kept_after(1) == view.kept_after(1, keys) == (1, 2)
+    later = keyed([*view.groups, group("none", messages=0)])  # a turn that adds one: known from the new groups
+    on = later.keyed(item_keys(later), "x", keys)
+    assert on is not None and on.shared == 4 and on.empty == [0, 4] and later.kept_after(1, on) is None
 
 
 def test_keys_of_another_view_are_not_taken_for_its_counts() -> None:
