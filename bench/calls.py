@@ -32,7 +32,6 @@ from bench.processes import BENCH_ROOT, Child, spawn, start_upstream, stop, wait
 from bench.scenarios import Row, over_floor
 from bench.table import render
 from bench.targets import proxy_config
-from tests.ports import free_port
 
 WARMUP = 20
 SHAPES = ("small", "long", "reuse")
@@ -68,12 +67,10 @@ def floor_target(directory: Path, upstream_port: int, tag: str) -> tuple[Child, 
 
 def proxy_target(directory: Path, upstream_port: int, root: Path, compaction: bool,
                  tag: str) -> tuple[Child, Path, int]:
-    port = free_port()
     config = directory / f"{tag}.yaml"
-    config.write_text(proxy_config(upstream_port, port, compaction))
+    config.write_text(proxy_config(upstream_port, 0, compaction))
     child, profile = profiled(tag, ["proxy", "--config", str(config)], root, directory, tag)
-    wait_proxy(child, port)
-    return child, profile, port
+    return child, profile, wait_proxy(child)
 
 
 def proxy_start(root: Path, compaction: bool, number: int) -> Start:

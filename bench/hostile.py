@@ -45,7 +45,6 @@ from tests.fakes.hostile_summariser import (
 from tests.fakes.openai_upstream import FakeUpstream, FakeUpstreamApp
 from tests.fakes.serving import serve_app
 from tests.fakes.windowed import WindowedModel
-from tests.ports import free_port
 
 TEN_MB = 10 * 1024 * 1024
 LARGE_KINDS = ("prose", "json-list", "fences", "extra-keys")
@@ -67,7 +66,8 @@ def config(path: Path, upstream: str, port: int) -> Path:
         "server": {"port": port}, "upstream": {"base_url": f"{upstream}/v1"},
         "models": {"default": {"context_window": 8192}},
         "compaction": {"threshold": 0, "background": False},
-        "logging": {"level": "WARNING", "access_log": False}}))
+        # INFO: the start-up line says which port the proxy got (bench.processes.wait_proxy).
+        "logging": {"level": "INFO", "access_log": False}}))
     return path
 
 
@@ -107,11 +107,10 @@ async def healthz_max(session: aiohttp.ClientSession, url: str, tenant: int) -> 
 
 async def measure(name: str, root: Path, upstream: str, switch: Switchable, fake: HostileSummariser,
                   seconds: float, directory: Path) -> list[str]:
-    port = free_port()
-    child = start_proxy(name, root, config(directory / f"{name}.json", upstream, port), directory / f"{name}.log")
+    child = start_proxy(name, root, config(directory / f"{name}.json", upstream, 0), directory / f"{name}.log")
     rows = []
     try:
-        wait_proxy(child, port)
+        port = wait_proxy(child)
         url = f"http://127.0.0.1:{port}"
         async with aiohttp.ClientSession() as session:
             await turn(session, url, 0)  # warm: tokenizer loaded, window learned

@@ -40,11 +40,10 @@ from pathlib import Path
 
 from bench.bodies import SHAPES
 from bench.load_client import LoadClient
-from bench.processes import BENCH_ROOT, Child, answers, cpu_seconds, spawn, start_upstream, stop, wait_until
+from bench.processes import BENCH_ROOT, Child, cpu_seconds, spawn, start_upstream, stop, wait_proxy, wait_until
 from bench.scenarios import Row, over_floor
 from bench.table import render
 from bench.targets import column, proxy_config
-from tests.ports import free_port
 
 WARMUP = 20
 MAX_REQUESTS = 2000
@@ -88,12 +87,10 @@ def floor_target(directory: Path, upstream_port: int, tag: str, shape: str) -> t
 
 def proxy_start(root: Path, compaction: bool) -> Start:
     def start(directory: Path, upstream_port: int, tag: str, shape: str) -> tuple[Child, Path, int]:
-        port = free_port()
         config = directory / f"{tag}.yaml"
-        config.write_text(counted_config(upstream_port, port, compaction, shape))
+        config.write_text(counted_config(upstream_port, 0, compaction, shape))
         child, dump = counted_run(tag, ["proxy", "--config", str(config)], root, directory, tag)
-        wait_until(child, lambda: answers(f"http://127.0.0.1:{port}/healthz"), START_TIMEOUT)
-        return child, dump, port
+        return child, dump, wait_proxy(child, START_TIMEOUT)
     return start
 
 

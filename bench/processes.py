@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -163,8 +164,40 @@ def start_proxy(name: str, root: Path, config: Path, log: Path) -> Child:
     return spawn(name, [sys.executable, "-m", "proxy", "--config", str(config)], cwd=root, log=log)
 
 
-def wait_proxy(child: Child, port: int) -> None:
-    wait_until(child, lambda: answers(f"http://127.0.0.1:{port}/healthz"))
+# What the proxy logs once its socket is bound (proxy.cli.serve), in either log format: with `server.port: 0`, the
+# port the kernel gave it.
+_LISTENING = re.compile(r"listening on https?://[^\s,\"]*:(\d+)")
+_HEAD_BYTES = 64 * 1024
+
+
+def wait_proxy(child: Child, timeout: float = START_TIMEOUT) -> int:
+    """The port of a proxy started with `server.port: 0`, read from its start-up line, once /healthz answers there.
+
+    A port picked beforehand (tests.ports.free_port) and handed to the proxy is bound a second later: any other
+    process may take it first. With test suites running side by side, one proxy of the bench could not bind its
+    port, another suite's proxy answered /healthz on it, and the bench's requests met a closed port."""
+    said: list[int] = []
+
+    def listening() -> bool:
+        port = said_port(child)
+        if port is not None:
+            said.append(port)
+        return port is not None
+
+    wait_until(child, listening, timeout)
+    wait_until(child, lambda: answers(f"http://127.0.0.1:{said[0]}/healthz"), timeout)
+    return said[0]
+
+
+def said_port(child: Child) -> int | None:
+    """The port the child's log says it listens on, if it has said so yet."""
+    try:
+        with child.log.open("rb") as log:
+            head = log.read(_HEAD_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = _LISTENING.search(head)
+    return int(found.group(1)) if found else None
 
 
 def stop(child: Child) -> None:

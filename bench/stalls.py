@@ -31,7 +31,6 @@ from bench.processes import BENCH_ROOT, Child, cpu_seconds, start_proxy, start_u
 from bench.scenarios import Row
 from bench.table import render
 from bench.targets import proxy_config
-from tests.ports import free_port
 
 MODEL = "bench-long"  # a 400,000-token window in the bench's config: these conversations never near it
 PROBE_EVERY = 0.001
@@ -100,11 +99,10 @@ def run(args: argparse.Namespace, roots: list[Path]) -> tuple[list[str], list[Ro
     proxies: list[tuple[str, Child, str]] = []
     try:
         for index, root in enumerate(roots):
-            port = free_port()
             config = directory / f"proxy-{index}.json"
-            config.write_text(proxy_config(upstream_port, port, compaction=True))
+            config.write_text(proxy_config(upstream_port, 0, compaction=True))
             child = start_proxy(f"proxy-{index}", root, config, directory / f"proxy-{index}.log")
-            wait_proxy(child, port)
+            port = wait_proxy(child)
             column = f"proxy {commit(root)}"
             column += f" ({index + 1})" if any(column == taken for taken, _, _ in proxies) else ""
             proxies.append((column, child, f"http://127.0.0.1:{port}"))

@@ -25,7 +25,6 @@ from bench.processes import (
     wait_proxy,
 )
 from bench.stores import shared_store, store_section
-from tests.ports import free_port
 
 # Context windows by model (each shape of request has its own model): 128k for the small requests, room for the
 # ~95k-token history without compaction, and a window the same history passes 0.8 of, so it compacts.
@@ -82,20 +81,17 @@ def start_proxies(directory: Path, roots: list[Path], upstream_port: int, childr
                   store: str = "memory", redis_url: str | None = None) -> list[Target]:
     """Two proxies per root, started together (each added to `children` at once), then waited for; each keeps its
     summaries in its own `store` (bench.stores)."""
-    targets = []
+    started = []
     for number, root in enumerate(roots):
         for kind in ("off", "on"):
-            port = free_port()
             config = directory / f"proxy-{number}-{kind}.yaml"
             section = store_section(store, directory, f"proxy-{number}-{kind}", redis_url)
-            config.write_text(proxy_config(upstream_port, port, compaction=kind == "on", store=section))
+            config.write_text(proxy_config(upstream_port, 0, compaction=kind == "on", store=section))
             label = column(kind, root, len(roots) > 1)
             child = start_proxy(label, root, config, directory / f"proxy-{number}-{kind}.log")
             children.append(child)
-            targets.append(Target(label, kind, port, child))
-    for target in targets:
-        wait_proxy(target.child, target.port)
-    return targets
+            started.append((label, kind, child))
+    return [Target(label, kind, wait_proxy(child), child) for label, kind, child in started]
 
 
 @contextmanager
