@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.load_client import LoadClient
 from bench.machine import commit
 from bench.processes import BENCH_ROOT, Child, spawn, start_upstream, stop, wait_proxy, wait_until
-from bench.scenarios import Row, over_floor
+from bench.scenarios import Row, per_shape
 from bench.table import render
 from bench.targets import proxy_config
 
@@ -108,12 +108,9 @@ def counted(start: Start, directory: Path, shape: str, requests: int, upstream_p
 
 def rows(results: dict[str, dict[str, Counted]], shapes: Sequence[str]) -> list[Row]:
     """Each shape's calls per request, and the same over the floor's (the floor's own cell empty)."""
-    found = []
-    for shape in shapes:
-        figures = {column: by_shape[shape].calls for column, by_shape in results.items()}
-        found.append(Row(f"{shape}: Python calls per request", "calls", figures))
-        found.append(Row(f"{shape}: the same / floor's", "x", over_floor(figures)))
-    return found
+    calls = {column: {shape: result.calls for shape, result in by_shape.items()}
+             for column, by_shape in results.items()}
+    return per_shape(calls, shapes, "Python calls per request", "calls")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

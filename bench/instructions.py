@@ -41,7 +41,7 @@ from pathlib import Path
 from bench.bodies import SHAPES
 from bench.load_client import LoadClient
 from bench.processes import BENCH_ROOT, Child, cpu_seconds, spawn, start_upstream, stop, wait_proxy, wait_until
-from bench.scenarios import Row, over_floor
+from bench.scenarios import Row, per_shape
 from bench.table import render
 from bench.targets import column, proxy_config
 
@@ -168,13 +168,7 @@ def settle(child: Child) -> None:
 
 def rows(results: dict[str, dict[str, float]], shapes: Sequence[str]) -> list[Row]:
     """Each shape's instructions per request (millions), and the same over the floor's (its own cell empty)."""
-    found = []
-    for shape in shapes:
-        figures = {target: by_shape[shape] for target, by_shape in results.items()}
-        found.append(Row(f"{shape}: instructions per request", "M",
-                         {target: value / 1e6 for target, value in figures.items()}))
-        found.append(Row(f"{shape}: the same / floor's", "x", over_floor(figures)))
-    return found
+    return per_shape(results, shapes, "instructions per request", "M", scale=1e-6)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

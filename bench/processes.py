@@ -176,17 +176,11 @@ def wait_proxy(child: Child, timeout: float = START_TIMEOUT) -> int:
     A port picked beforehand (tests.ports.free_port) and handed to the proxy is bound a second later: any other
     process may take it first. With test suites running side by side, one proxy of the bench could not bind its
     port, another suite's proxy answered /healthz on it, and the bench's requests met a closed port."""
-    said: list[int] = []
-
-    def listening() -> bool:
-        port = said_port(child)
-        if port is not None:
-            said.append(port)
-        return port is not None
-
-    wait_until(child, listening, timeout)
-    wait_until(child, lambda: answers(f"http://127.0.0.1:{said[0]}/healthz"), timeout)
-    return said[0]
+    wait_until(child, lambda: said_port(child) is not None, timeout)
+    port = said_port(child)
+    assert port is not None, "a port once said stays in the log"
+    wait_until(child, lambda: answers(f"http://127.0.0.1:{port}/healthz"), timeout)
+    return port
 
 
 def said_port(child: Child) -> int | None:

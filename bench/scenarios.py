@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,18 @@ def over_floor(figures: dict[str, float]) -> dict[str, float]:
     if not floor or floor <= 0:
         return {}
     return {column: value / floor for column, value in figures.items() if column not in REFERENCES}
+
+
+def per_shape(by_target: dict[str, dict[str, float]], shapes: Sequence[str], what: str, unit: str,
+              scale: float = 1.0) -> list[Row]:
+    """For each shape, `what` of every target (its figure times `scale`), then the same over the floor's (the
+    floor's own cell empty): the tables of bench.calls and bench.instructions."""
+    found = []
+    for shape in shapes:
+        figures = {target: by_shape[shape] for target, by_shape in by_target.items()}
+        found.append(Row(f"{shape}: {what}", unit, {target: value * scale for target, value in figures.items()}))
+        found.append(Row(f"{shape}: the same / floor's", "x", over_floor(figures)))
+    return found
 
 
 def throughput_over_floor(by_column: ByColumn) -> dict[str, float]:

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from bench.processes import minor_faults
-from bench.scenarios import ByColumn, added, faults, over_floor, throughput_over_floor
+from bench.scenarios import ByColumn, added, faults, over_floor, per_shape, throughput_over_floor
 from bench.table import column_order
 from tests.fakes.serving import serve_app
 
@@ -38,6 +38,18 @@ def rounds(**columns: list[float]) -> ByColumn:
 ])
 def test_a_figure_over_the_floors(figures: dict[str, float], expected: dict[str, float]) -> None:
     assert over_floor(figures) == pytest.approx(expected)
+
+
+def test_per_shape_rows_give_each_targets_figure_then_the_same_over_the_floors() -> None:
+    by_target = {"floor": {"small": 2e6, "long": 4e6}, "proxy on": {"small": 3e6, "long": 5e6}}
+    rows = per_shape(by_target, ["long", "small"], "instructions per request", "M", scale=1e-6)
+    assert [(row.label, row.unit) for row in rows] == [
+        ("long: instructions per request", "M"), ("long: the same / floor's", "x"),
+        ("small: instructions per request", "M"), ("small: the same / floor's", "x")]
+    assert rows[0].values == pytest.approx({"floor": 4.0, "proxy on": 5.0})
+    assert rows[1].values == pytest.approx({"proxy on": 1.25})  # the ratio of the figures, whatever the scale
+    assert rows[3].values == pytest.approx({"proxy on": 1.5})
+    assert per_shape({"proxy on": {"small": 3.0}}, ["small"], "calls", "calls")[1].values == {}  # no floor
 
 
 def test_throughput_over_the_floor_is_paired_round_by_round() -> None:
