@@ -6,6 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Literal, get_args
 
+from multidict import CIMultiDict, CIMultiDictProxy
+
 COMPACTION = "x-compaction"
 SHADOW = "x-compaction-shadow"
 TOKENS_BEFORE = "x-compaction-tokens-before"
@@ -57,14 +59,14 @@ def outcome_of(headers: Mapping[str, str]) -> Outcome:
 
 def log_fields(headers: Mapping[str, str]) -> dict[str, str | int]:
     """The headers as access-log fields: known values and whole numbers only (a repeated header: its first)."""
+    if not isinstance(headers, CIMultiDict | CIMultiDictProxy):
+        headers = CIMultiDict(headers)
     fields: dict[str, str | int] = {}
-    seen: set[str] = set()
-    for header, value in headers.items():  # one pass: most answers carry one or two of these among a dozen
-        logged = _LOGGED.get(lowered := header.lower())
-        if logged is None or lowered in seen:
+    # Each logged name looked up (a dozen lookups at C speed): a pass over every header lower-cased each one.
+    for header, (name, accepts) in _LOGGED.items():
+        value = headers.get(header)
+        if value is None:
             continue
-        seen.add(lowered)
-        name, accepts = logged
         if accepts is None:
             if value.isascii() and value.isdigit() and len(value) <= _MAX_DIGITS:
                 fields[name] = int(value)

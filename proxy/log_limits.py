@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import re
 import threading
 import time
@@ -49,6 +50,9 @@ class RepeatLimiter(logging.Filter):
         self._level = level
         self._clock = clock
         self._windows: OrderedDict[_Key, _Window] = OrderedDict()
+        # When the oldest interval is over: until then none is, and a line passing by need not look (the access
+        # log passes by on every request, and any warning in the last interval keeps a window open).
+        self._due = math.inf
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -63,7 +67,7 @@ class RepeatLimiter(logging.Filter):
     def release_expired(self) -> None:
         """Report the intervals that are over, before any record (filter() calls it; so do lines written past the
         handler's filters, proxy.access_lines, which would otherwise hold a summary back until the next record)."""
-        if not self._windows:
+        if not self._windows or (self._clock() < self._due and len(self._windows) <= MAX_TRACKED):
             return
         with self._lock:
             summaries = self._expire(self._clock())
@@ -76,12 +80,15 @@ class RepeatLimiter(logging.Filter):
             now = self._clock()
             summaries = [summary for key, window in self._windows.items() if (summary := _summary(key, window, now))]
             self._windows.clear()
+            self._due = math.inf
         for summary in summaries:
             self._handler.handle(summary)
 
     def _admit(self, key: _Key, record: logging.LogRecord, now: float) -> bool:
         window = self._windows.get(key)
         if window is None:
+            if not self._windows:
+                self._due = now + self._interval
             window = self._windows[key] = _Window(now)
         window.passed += 1
         if window.passed <= self._burst:
@@ -101,6 +108,8 @@ class RepeatLimiter(logging.Filter):
             del self._windows[key]
             if (summary := _summary(key, window, now)) is not None:
                 summaries.append(summary)
+        oldest = next(iter(self._windows.values()), None)
+        self._due = math.inf if oldest is None else oldest.started + self._interval
         return summaries
 
 

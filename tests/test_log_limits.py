@@ -94,3 +94,35 @@ def test_records_below_the_level_pass_untracked_and_still_close_an_interval_that
     assert collected.lines[50:] == ["ERROR down", "ERROR suppressed 1 similar records in the last 10s: down",
                                     "INFO request after"]
     assert not limiter._windows
+
+
+def test_each_interval_is_reported_when_it_is_over_and_not_before() -> None:
+    clock, collected = _Clock(), _Collect()
+    limiter = RepeatLimiter(collected, burst=1, interval=10, clock=clock)
+    with limited("tests.staggered", limiter, collected) as logger:
+        for index in (1, 2):  # one call site: the key holds it
+            logger.error("first %d", index)
+        clock.now += 5
+        for _ in range(2):
+            logger.error("second")
+        for now, line in [(1009.9, "a"), (1010.0, "b"), (1014.9, "c"), (1015.0, "d"), (1030.0, "e")]:
+            clock.now = now
+            logger.info(line)
+            limiter.release_expired()  # as each access line does; it must add nothing the record did not
+    assert collected.lines == [
+        "ERROR first 1", "ERROR second", "INFO a",
+        "ERROR suppressed 1 similar records in the last 10s: first 2", "INFO b", "INFO c",
+        "ERROR suppressed 1 similar records in the last 10s: second", "INFO d", "INFO e"]
+    assert not limiter._windows
+
+
+def test_past_the_tracked_limit_the_oldest_goes_before_its_interval_is_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("proxy.log_limits.MAX_TRACKED", 3)
+    clock, collected = _Clock(), _Collect()
+    limiter = RepeatLimiter(collected, burst=1, interval=10, clock=clock)
+    with limited("tests.tracked", limiter, collected) as logger:
+        for index in range(8):
+            logger.error(f"distinct {'abcd'[index // 2]}")
+        limiter.release_expired()
+    assert collected.lines.count("ERROR suppressed 1 similar records in the last 0s: distinct a") == 1
+    assert len(limiter._windows) == 3

@@ -41,14 +41,19 @@ SHARE = 0.5
 Reader = Callable[[bytes], dict[str, Any]]
 # The fields a client names its output cap in (chat, Responses, Messages).
 OUTPUT_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+# First limits a pipeline remembers (see Limits), by model and window: models are named by clients, so bounded.
+MAX_REMEMBERED = 256
+# First limits by (model, window), for one settings.
+Limits = dict[tuple[str, int], int]
 
 
 def judged(settings: Settings, stated: Callable[[str], int | None], markers: tuple[bytes, ...] | None, body: bytes,
-           headers: Mapping[str, str], read: Reader | None = None) -> str | None:
+           headers: Mapping[str, str], read: Reader | None = None, limits: Limits | None = None) -> str | None:
     """The request's model when it can be relayed as it came, unread, else None. `stated` is the smallest window
     anyone stated for a model, None for only the default's guess; `markers` the dialect's (Dialect.quick_markers).
     `read` reads a body with compaction on, where the whole way reads it the same way should the glance not do
-    (dialects.body_memo: read once for both)."""
+    (dialects.body_memo: read once for both). `limits`: first limits remembered for these settings (every glanced
+    request would work its model's out again)."""
     limit = MAX_BYTES if settings.compaction.enabled else None
     read = read if settings.compaction.enabled else None  # off, the body's guards are never the proxy's to run
     key = None if settings.compaction.enabled else "model"
@@ -63,7 +68,18 @@ def judged(settings: Settings, stated: Callable[[str], int | None], markers: tup
     if settings.compaction.mode != "auto" or window is None:  # shadow reports on every request
         return None
     reserve = reserved(payload, settings.compaction.reserved_output_tokens)
-    return model if far_below(len(body), reserve, first_limit(settings, model, window)) else None
+    limit = first_limit(settings, model, window) if limits is None else remembered(limits, settings, model, window)
+    return model if far_below(len(body), reserve, limit) else None
+
+
+def remembered(limits: Limits, settings: Settings, model: str, window: int) -> int:
+    """first_limit, from `limits` when it holds it (kept there if not; all forgotten at MAX_REMEMBERED)."""
+    limit = limits.get((model, window))
+    if limit is None:
+        if len(limits) >= MAX_REMEMBERED:
+            limits.clear()
+        limit = limits[model, window] = first_limit(settings, model, window)
+    return limit
 
 
 def markers_for(settings: Settings, quick: tuple[bytes, ...] | None, uncounted: tuple[bytes, ...],

@@ -6,7 +6,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, Generic
 
@@ -44,7 +44,7 @@ from proxy.headers import (
 from proxy.metrics import Metrics
 from proxy.request_context import annotate, current_request_id
 from proxy.upstream.answer import Answer, attempt_answer, journey_answer
-from proxy.upstream.attempt import Attempt, send
+from proxy.upstream.attempt import Attempt, OpenResponses, send
 from proxy.upstream.overflow import context_limit_from_error
 from proxy.upstream.upstream import Upstream
 from proxy.upstream.windows import ContextWindows
@@ -79,6 +79,7 @@ class Pipeline(Generic[C]):
         self._ahead = Ahead(settings, dialect, compactor, self._stages, self._tokens)
         self._answer_headers = AnswerHeaders(settings, dialect, metrics, self._recorder, self._tokens)
         self._forwarded = ForwardedBody(dialect, self._bodies, compactor.replacements, self._tokens)
+        self._first_limits: glance.Limits = {}
         self._markers = glance.markers_for(settings, dialect.quick_markers, dialect.uncounted_markers,
                                            dialect.alone_markers)
 
@@ -95,7 +96,7 @@ class Pipeline(Generic[C]):
         # A large body is read as the whole way would read it (kept for its parse, should the glance not do).
         read = self._read if self._bodies.remembers(body) else None
         model = glance.judged(self._settings, self._windows.smallest_stated, self._markers, body,
-                              headers, read)
+                              headers, read, self._first_limits)
         if model is not None:  # the proxy's own time before forwarding, as the whole way's is
             self._metrics.overhead_seconds.observe(time.perf_counter() - started)
         return model
@@ -105,7 +106,7 @@ class Pipeline(Generic[C]):
         overflow answer takes the whole way: read, compact, retry."""
         return _Relay(self, body, headers, query, model)
 
-    async def _relayed(self, stack: AsyncExitStack, body: bytes, headers: Mapping[str, str], query: str,
+    async def _relayed(self, stack: OpenResponses, body: bytes, headers: Mapping[str, str], query: str,
                        model: str) -> Answer:
         try:
             attempt = await send(self._upstream, stack, path=self._dialect.path, reader=self._dialect, query=query,
@@ -113,7 +114,7 @@ class Pipeline(Generic[C]):
             if attempt.overflow and (call := self._parsed_or_none(body, headers, query)) is not None:
                 return await self._overflowed(call, attempt, stack)
         except BaseException:
-            await stack.aclose()  # no block will be left: what was opened for the answer closes now
+            stack.close()  # no block will be left: what was opened for the answer closes now
             raise
         if self._count is not None:
             self._count("none")
@@ -126,7 +127,7 @@ class Pipeline(Generic[C]):
         except ProxyError:
             return None  # a body the proxy cannot read: the upstream's answer stands
 
-    async def _overflowed(self, call: C, attempt: Attempt, stack: AsyncExitStack) -> Answer:
+    async def _overflowed(self, call: C, attempt: Attempt, stack: OpenResponses) -> Answer:
         """A glanced request the upstream found too long after all (its window was not what was stated)."""
         call, view = self._edited(call)
         if view is None:
@@ -141,7 +142,7 @@ class Pipeline(Generic[C]):
     @asynccontextmanager
     async def answer(self, call: C) -> AsyncIterator[Answer]:
         """The answer to send; a live upstream stream stays open until the caller leaves the block."""
-        async with AsyncExitStack() as stack:
+        async with OpenResponses() as stack:
             call, view = self._edited(call)
             if view is None:
                 attempt = await self._forward(call, stack, call.body)
@@ -211,7 +212,7 @@ class Pipeline(Generic[C]):
             return None
         return self._dialect.history(call, self._bodies)
 
-    async def _forward(self, call: C, stack: AsyncExitStack, body: bytes) -> Attempt:
+    async def _forward(self, call: C, stack: OpenResponses, body: bytes) -> Attempt:
         return await send(self._upstream, stack, path=self._dialect.path, reader=self._dialect, query=call.query,
                           headers=call.headers, body=body)
 
@@ -245,7 +246,7 @@ class Pipeline(Generic[C]):
         return origin_of(call.headers, self._settings.server.tenant_header, conversation.backoff_key,
                          self._dialect.name, call.model or "")
 
-    async def _journey(self, call: C, view: View, stack: AsyncExitStack) -> Answer:
+    async def _journey(self, call: C, view: View, stack: OpenResponses) -> Answer:
         started = time.perf_counter()
         journey = await self._begin(call, view)
         await self._stages.shape(journey)
@@ -271,7 +272,7 @@ class Pipeline(Generic[C]):
         return self._finish(call, attempt, self._answer_headers.of(journey), hide_usage=self._inject_usage(call),
                             journey=journey)
 
-    async def _shadow(self, call: C, view: View, stack: AsyncExitStack) -> Answer:
+    async def _shadow(self, call: C, view: View, stack: OpenResponses) -> Answer:
         """Decide as the real journey would, report it, and forward the request exactly as the client sent it."""
         journey = await self._begin(call, view)
         conversation = journey.conversation
@@ -302,7 +303,7 @@ class Pipeline(Generic[C]):
                              "tokens_before": before, **(plan.as_log() if plan is not None else {})}))
         return self._finish(call, attempt, headers, hide_usage=False)
 
-    async def _react(self, journey: Journey[C], first: Attempt, stack: AsyncExitStack) -> Attempt:
+    async def _react(self, journey: Journey[C], first: Attempt, stack: OpenResponses) -> Attempt:
         """Compact and retry exactly once; the first answer stands if that does not produce a better one."""
         if first.body is not None and self._windows.learn(journey.call.model, context_limit_from_error(first.body)):
             journey.limits = self._limits(journey.call)
@@ -369,7 +370,7 @@ class Pipeline(Generic[C]):
     def _inject_usage(self, call: C) -> bool:
         return call.stream and self._settings.compaction.background and not self._dialect.asks_usage(call)
 
-    async def _send(self, journey: Journey[C], stack: AsyncExitStack) -> Attempt:
+    async def _send(self, journey: Journey[C], stack: OpenResponses) -> Attempt:
         body = self._forwarded.of(journey, ask_usage=self._inject_usage(journey.call))
         return await self._forward(journey.call, stack, body)
 
@@ -421,10 +422,10 @@ class _Relay(Generic[C]):
         self._headers = headers
         self._query = query
         self._model = model
-        self._stack = AsyncExitStack()
+        self._stack = OpenResponses()
 
     def __aenter__(self) -> Coroutine[Any, Any, Answer]:
         return self._pipeline._relayed(self._stack, self._body, self._headers, self._query, self._model)
 
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
-        return await self._stack.__aexit__(*exc_info)
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self._stack.close()

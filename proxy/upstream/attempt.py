@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,13 +57,38 @@ class Attempt:
         return self.answer_usage if self.body is not None and self.ok else None
 
 
-async def send(upstream: Upstream, stack: AsyncExitStack, *, path: str, reader: AnswerReader, query: str,
+class OpenResponses:
+    """The upstream responses a request's answer may still read from, closed when it is done with them (a no-op for
+    one read whole and back in the pool). An AsyncExitStack did this; every request holds one, and its machinery
+    (a wrapper per callback, an exit that unwinds exceptions through a loop) cost more than the closes."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: list[aiohttp.ClientResponse] = []
+
+    def hold(self, response: aiohttp.ClientResponse) -> None:
+        self._held.append(response)
+
+    def close(self) -> None:
+        """Close every response held, the last first; each once, however often this is called."""
+        while self._held:
+            self._held.pop().close()
+
+    async def __aenter__(self) -> OpenResponses:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+async def send(upstream: Upstream, stack: OpenResponses, *, path: str, reader: AnswerReader, query: str,
                headers: Mapping[str, str], body: bytes, usage: bool = True) -> Attempt:
     """POST a request to `path`; errors and whole-body answers are read (by `reader`), event streams probed.
     Without `usage` (an answer relayed as it came), a whole answer is only judged for an overflow."""
     # The response itself awaited (not a context entered): one frame fewer on the task's chain while it waits.
     response = await upstream.response(UpstreamRequest("POST", path, query, headers, body))
-    stack.callback(response.close)  # a no-op once the body is read and the connection back in the pool
+    stack.hold(response)
     if 200 <= response.status < 300 and response.content_type == "text/event-stream":
         return await _probe_stream(upstream, response)
     payload = await upstream.read_body(response)

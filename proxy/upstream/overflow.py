@@ -280,7 +280,10 @@ def answer_may_overflow(body: bytes) -> bool:
     if _ERROR_KEY in body or b"\\u" in body:
         return True
     lowered = body.lower()
-    return any(mark in lowered for mark in _MAY_OVERFLOW)
+    for mark in _MAY_OVERFLOW:  # a loop, not a generator: every relayed answer is looked at
+        if mark in lowered:
+            return True
+    return False
 
 
 def overflow_finish(payload: Any) -> bool:

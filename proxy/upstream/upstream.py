@@ -32,8 +32,8 @@ HOP_BY_HOP = frozenset({
 _RECOMPUTED_ON_REQUEST = frozenset({"host", "content-length", "content-encoding", "accept-encoding"})
 _RECOMPUTED_ON_RESPONSE = frozenset({"content-length", "content-encoding"})
 # A header only the proxy reads, so it never leaves in any configuration.
-_DROPPED_ON_REQUEST = _RECOMPUTED_ON_REQUEST | {PROXY_KEY_HEADER}
-_NOTHING: frozenset[str] = frozenset()
+_DROPPED_ON_REQUEST = _RECOMPUTED_ON_REQUEST | {PROXY_KEY_HEADER} | HOP_BY_HOP
+_DROPPED_ON_DECODED_RESPONSE = _RECOMPUTED_ON_RESPONSE | HOP_BY_HOP
 # What separates the tokens of a header value (a scheme word and its credentials, list items, quoted strings).
 _TOKEN_SEPARATORS = re.compile(rb"[\s,;\"']+")
 # A run of base64 (standard or URL-safe alphabet) that may decode to credentials, as `Basic` carries them.
@@ -46,13 +46,16 @@ _MAX_URLS = 256
 
 
 def _without(headers: Mapping[str, str], dropped: frozenset[str]) -> CIMultiDict[str]:
-    """`headers` less the hop-by-hop ones, those in `dropped` and those a Connection header names."""
-    # Scanning items matches names case-insensitively and sees every repeat, for any mapping type.
-    gone = dropped | HOP_BY_HOP
-    for name, value in headers.items():
-        if name.lower() == "connection":
-            gone = gone | {token.strip().lower() for token in value.split(",")}
-    return CIMultiDict([(name, value) for name, value in headers.items() if name.lower() not in gone])
+    """`headers` less those named in `dropped` (hop-by-hop ones included) and those a Connection header names."""
+    # A case-insensitive copy, then each name to drop looked up in it: a copy and a dozen lookups cost a third of
+    # lower-casing and testing every name (every request pays this twice, once for each way).
+    kept = CIMultiDict(headers)
+    for value in kept.getall("connection", ()):
+        dropped = dropped | {token.strip() for token in value.split(",")}
+    for name in dropped:
+        if name in kept:
+            kept.popall(name)
+    return kept
 
 
 def _carries_one_of(header: str, keys: Collection[bytes]) -> bool:
@@ -114,8 +117,7 @@ def request_headers(client_headers: Mapping[str, str], api_key: str | None,
 
 def response_headers(upstream_headers: Mapping[str, str], *, decoded: bool) -> CIMultiDict[str]:
     """Headers to relay to the client; length and encoding go when the body was decompressed."""
-    dropped = _RECOMPUTED_ON_RESPONSE if decoded else _NOTHING
-    return _without(upstream_headers, dropped)
+    return _without(upstream_headers, _DROPPED_ON_DECODED_RESPONSE if decoded else HOP_BY_HOP)
 
 
 def was_decoded(response: aiohttp.ClientResponse) -> bool:

@@ -143,6 +143,37 @@ def test_the_first_limit_is_the_lowest_share_that_acts(compaction: dict[str, Any
     assert glance.first_limit(settings_with(**compaction), "m", 100_000) == limit
 
 
+def test_first_limits_are_remembered_by_model_and_window_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    configured, limits = settings_with(), {}
+    worked: list[tuple[str, int]] = []
+    real = glance.first_limit
+
+    def counted(settings: Settings, model: str, window: int) -> int:
+        worked.append((model, window))
+        return real(settings, model, window)
+
+    monkeypatch.setattr(glance, "first_limit", counted)
+    monkeypatch.setattr(glance, "MAX_REMEMBERED", 3)
+    asked = [("m", 100_000), ("m", 100_000), ("m", 50_000), ("n", 100_000), ("m", 50_000), ("o", 8_000),
+             ("m", 100_000)]
+    assert [glance.remembered(limits, configured, model, window) for model, window in asked] == \
+        [real(configured, model, window) for model, window in asked]
+    # Each pair worked out once until the fourth pair filled the memo past its bound: then it starts again.
+    assert worked == [("m", 100_000), ("m", 50_000), ("n", 100_000), ("o", 8_000), ("m", 100_000)]
+    assert len(limits) <= 3
+
+
+def test_a_glance_with_remembered_limits_judges_as_one_without() -> None:
+    for compaction in ({}, {"threshold": 0.5, "target": 0.4}, {"tool_results": {"clear": {"enabled": False}}}):
+        for body in (SMALL, MEDIUM):
+            for window in (4_000, 100_000, 1_000_000):
+                configured, limits = settings_with(**compaction), {}
+                judged = [glance.judged(configured, lambda _, w=window: w, CHAT.quick_markers, body, {}, None,
+                                        limits) for _ in range(2)]  # worked out, then remembered
+                assert judged == [glance.judged(configured, lambda _, w=window: w,
+                                                CHAT.quick_markers, body, {})] * 2
+
+
 @pytest.mark.parametrize(("payload", "reserve"), [
     ({}, 1024), ({"max_tokens": 300}, 300), ({"max_completion_tokens": 50, "max_tokens": 9}, 50),
     ({"max_output_tokens": 7}, 7), ({"max_tokens": 0}, 1024), ({"max_tokens": True}, 1024),

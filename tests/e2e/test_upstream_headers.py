@@ -7,6 +7,8 @@ from typing import cast
 
 import aiohttp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -126,6 +128,37 @@ def test_response_length_and_encoding_go_only_when_decoded(decoded: bool, kept: 
     result = response_headers(upstream, decoded=decoded)
     assert {name: result[name] for name in ("content-length", "content-encoding") if name in result} == kept
     assert result["Content-Type"] == "application/json"
+
+
+def _kept_by_name(headers: list[tuple[str, str]], dropped: set[str]) -> list[tuple[str, str]]:
+    """The rule the header steps keep, written the plain way: every header whose lower-cased name is not dropped,
+    hop-by-hop or named by any Connection header, in order."""
+    named = {token.strip().lower() for name, value in headers if name.lower() == "connection"
+             for token in value.split(",")}
+    gone = dropped | {name.lower() for name, _ in HOP_BY_HOP} | named
+    return [(name, value) for name, value in headers if name.lower() not in gone]
+
+
+_NAMES = st.sampled_from(["Connection", "Keep-Alive", "TE", "Upgrade", "Content-Length", "Content-Encoding", "Host",
+                          "Accept-Encoding", "X-Trace", "x-keep", "Vary", "Set-Cookie", "Transfer-Encoding"])
+_CASED = st.tuples(_NAMES, st.sampled_from([str, str.lower, str.upper, str.swapcase])).map(
+    lambda pair: pair[1](pair[0]))
+_VALUES = st.one_of(st.sampled_from(["close", "x-trace, X-KEEP", " vary ,, upgrade ", "keep-alive", "1", ""]),
+                    st.text(alphabet="abc-, ", max_size=12))
+
+
+@given(st.lists(st.tuples(_CASED, _VALUES), max_size=12))
+def test_both_ways_keep_exactly_what_the_plain_rule_keeps(headers: list[tuple[str, str]]) -> None:
+    incoming = CIMultiDict(headers)
+    assert list(response_headers(incoming, decoded=False).items()) == _kept_by_name(headers, set())
+    assert list(response_headers(incoming, decoded=True).items()) == \
+        _kept_by_name(headers, {"content-length", "content-encoding"})
+    sent = request_headers(incoming, None)
+    assert sent.getall("accept-encoding") == [ACCEPT_ENCODING]
+    sent.popall("accept-encoding")
+    assert list(sent.items()) == _kept_by_name(headers, {"host", "content-length", "content-encoding",
+                                                         "accept-encoding", "x-proxy-api-key"})
+    assert list(incoming.items()) == headers  # the client's headers are left as they came
 
 
 @pytest.mark.parametrize("repeated", [
