@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
-import re
 import resource
 import signal
 import subprocess
@@ -18,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
+
+from tests.ports import said_port as said_port_in
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 BENCH_ROOT = Path(__file__).resolve().parent.parent
@@ -164,9 +165,6 @@ def start_proxy(name: str, root: Path, config: Path, log: Path) -> Child:
     return spawn(name, [sys.executable, "-m", "proxy", "--config", str(config)], cwd=root, log=log)
 
 
-# What the proxy logs once its socket is bound (proxy.cli.serve), in either log format: with `server.port: 0`, the
-# port the kernel gave it.
-_LISTENING = re.compile(r"listening on https?://[^\s,\"]*:(\d+)")
 _HEAD_BYTES = 64 * 1024
 
 
@@ -190,8 +188,7 @@ def said_port(child: Child) -> int | None:
             head = log.read(_HEAD_BYTES).decode("utf-8", "replace")
     except OSError:
         return None
-    found = _LISTENING.search(head)
-    return int(found.group(1)) if found else None
+    return said_port_in(head)
 
 
 def stop(child: Child) -> None:

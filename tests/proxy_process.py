@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import sys
@@ -14,13 +15,17 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.ports import free_port
+from tests.ports import free_port, said_port
 
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The test's environment without what would change the proxy's config or metrics behind the test's back."""
     dropped = ("OPENAI_API_KEY", "COMPACTION_THRESHOLD", "PROXY_API_KEYS", "PROMETHEUS_MULTIPROC_DIR")
     return {**{key: value for key, value in os.environ.items() if key not in dropped}, **extra}
+
+
+# Each proxy of a test writes its own log, however many a test starts.
+_STARTED = itertools.count()
 
 
 @dataclass
@@ -75,17 +80,20 @@ class ProxyProcess:
 @asynccontextmanager
 async def proxy_process(tmp_path: Path, config: Path | None, *, args: Sequence[str] = (), port: int | None = None,
                         env: dict[str, str] | None = None, healthy: bool = True) -> AsyncIterator[ProxyProcess]:
-    """Start the proxy on a free port; killed at the end if the test did not stop it."""
-    port = port or free_port()
-    log = tmp_path / f"proxy-{port}.log"
-    argv = [sys.executable, "-m", "proxy", "--port", str(port), *args]
+    """Start the proxy; killed at the end if the test did not stop it. Without `port` it listens on port 0 and is
+    found where its start-up line says it listens: a port picked beforehand can be taken by another process before
+    the proxy binds it, and a proxy of a suite running beside this one would then answer this test. `--workers`
+    needs a fixed port, and so does a proxy not waited for (`healthy` False): one free now is picked for them."""
+    fixed = port or (free_port() if "--workers" in args or not healthy else None)
+    log = tmp_path / f"proxy-{next(_STARTED)}.log"
+    argv = [sys.executable, "-m", "proxy", "--port", str(fixed or 0), *args]
     if config is not None:
         argv += ["--config", str(config)]
     with log.open("wb") as log_file:
         process = await asyncio.create_subprocess_exec(*argv, cwd=tmp_path, env=env or clean_env(),
                                                        stdout=log_file, stderr=log_file)
-    running = ProxyProcess(process, port, log)
     try:
+        running = ProxyProcess(process, fixed or await listening_port(process, log), log)
         if healthy:
             await running.wait_healthy()
         yield running
@@ -93,6 +101,17 @@ async def proxy_process(tmp_path: Path, config: Path | None, *, args: Sequence[s
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def listening_port(process: asyncio.subprocess.Process, log: Path, timeout: float = 15) -> int:
+    """The port a proxy started with `--port 0` says it listens on."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (port := said_port(log.read_text(encoding="utf-8", errors="replace"))) is not None:
+            return port
+        assert process.returncode is None, f"the proxy exited early:\n{log.read_text(errors='replace')}"
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the proxy did not say where it listens within {timeout} s:\n{log.read_text()}")
 
 
 async def refused(base: str, timeout: float = 5) -> float:

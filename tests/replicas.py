@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.ports import free_port
+from tests.ports import said_port
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_SECONDS = 20.0  # interpreter start, imports and the tiktoken encoding, on two shared cores
@@ -48,30 +48,37 @@ class ProxyProcess:
     def log_text(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
 
-    async def start(self) -> None:
-        """Start on a free port and return once /healthz answers; a port taken meanwhile is tried again."""
-        env = {key: value for key, value in os.environ.items() if key not in _HIDDEN_VARIABLES}
-        for _ in range(3):
-            self.port = free_port()
-            with self.log_path.open("ab") as log:
-                self._process = subprocess.Popen(
-                    [sys.executable, "-m", "proxy", "--config", str(self.config_path), "--port", str(self.port)],
-                    cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-            if await self._healthy():
-                return
-            self.kill()
-        raise RuntimeError(f"replica {self.name} did not start:\n{self.log_text()[-4000:]}")
+    def _log_since(self, offset: int) -> str:
+        with self.log_path.open("rb") as log:
+            log.seek(offset)
+            return log.read().decode("utf-8", "replace")
 
-    async def _healthy(self) -> bool:
+    async def start(self) -> None:
+        """Start on port 0 and return once /healthz answers on the port the replica says it took (a port picked
+        beforehand could be taken first, and another suite's proxy would answer for this replica)."""
+        env = {key: value for key, value in os.environ.items() if key not in _HIDDEN_VARIABLES}
+        said_from = self.log_path.stat().st_size if self.log_path.exists() else 0  # a restart appends to the log
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "proxy", "--config", str(self.config_path), "--port", "0"],
+                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if not await self._healthy(said_from):
+            self.kill()
+            raise RuntimeError(f"replica {self.name} did not start:\n{self.log_text()[-4000:]}")
+
+    async def _healthy(self, said_from: int) -> bool:
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        self.port = 0
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
             while time.monotonic() < deadline:
                 if not self.running:
                     return False
+                self.port = self.port or said_port(self._log_since(said_from)) or 0
                 try:
-                    async with session.get(f"{self.url}/healthz") as response:
-                        if response.status == 200:
-                            return True
+                    if self.port:
+                        async with session.get(f"{self.url}/healthz") as response:
+                            if response.status == 200:
+                                return True
                 except (aiohttp.ClientError, TimeoutError):
                     pass
                 await asyncio.sleep(0.05)

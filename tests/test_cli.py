@@ -18,7 +18,7 @@ import pytest
 from proxy import __version__
 from proxy.cli import loop_factory, main
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.ports import free_port
+from tests.proxy_process import listening_port
 from tests.sdk import async_client
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,14 +147,14 @@ async def test_real_program_serves_and_stops_cleanly_on_sigterm(tmp_path: Path, 
                                                                  expected: str) -> None:
     config = write(tmp_path, f"upstream:\n  base_url: {fake.url}/v1\nlogging:\n  level: INFO\n"
                              f"server:\n  event_loop: {event_loop}\n")
-    port = free_port()
     env = {key: value for key, value in os.environ.items() if key not in ("OPENAI_API_KEY", "COMPACTION_THRESHOLD")}
     log = tmp_path / "proxy.log"
     with log.open("wb") as log_file:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy", "--config", str(config), "--port", str(port),
+            sys.executable, "-m", "proxy", "--config", str(config), "--port", "0",
             cwd=tmp_path, env=env, stdout=log_file, stderr=log_file)
     try:
+        port = await listening_port(process, log)
         base = f"http://127.0.0.1:{port}"
         await wait_until_healthy(base, process, log)
         client = async_client(base, api_key="sk-client-key")

@@ -30,6 +30,7 @@ from tests.e2e.test_compaction_e2e import WINDOW, big_history, compaction_config
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fakes.windowed import WindowedModel
 from tests.ports import free_port
+from tests.proxy_process import listening_port
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 from tests.sdk import async_client
 from tests.test_cli import wait_until_healthy, write
@@ -379,14 +380,14 @@ def test_filter_scrubs_message_arguments_and_tracebacks() -> None:
 
 async def test_bad_request_log_lines_carry_no_bearer_token(tmp_path: Path, fake: FakeUpstream) -> None:
     config = write(tmp_path, f"upstream:\n  base_url: {fake.url}/v1\n")
-    port = free_port()
     env = {key: value for key, value in os.environ.items() if key not in ("OPENAI_API_KEY", "COMPACTION_THRESHOLD")}
     log = tmp_path / "proxy.log"
     with log.open("wb") as log_file:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy", "--config", str(config), "--port", str(port),
+            sys.executable, "-m", "proxy", "--config", str(config), "--port", "0",
             cwd=tmp_path, env=env, stdout=log_file, stderr=log_file)
     try:
+        port = await listening_port(process, log)
         await wait_until_healthy(f"http://127.0.0.1:{port}", process, log)
         for request in (b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer sk-raw-socket-secret-1\x7f\r\n\r\n",
                         b"GET /v1/models HTTP/1.1\r\nx-api-key: raw-socket-secret-2\r\nBad\x01: y\r\n\r\n"):

@@ -4,6 +4,7 @@ benchmarks run one too)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,6 +17,7 @@ from pathlib import Path
 from tests.ports import free_port
 
 READY_TIMEOUT_SECONDS = 10.0
+_PROCESS_ID = re.compile(rb"process_id:(\d+)\r\n")
 PASSWORD = "s3cret-Pa55word"
 
 
@@ -85,11 +87,26 @@ class RedisServer:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as connection:
                     connection.sendall(b"PING\r\n")
                     if connection.recv(64).startswith((b"+PONG", b"-NOAUTH")):
-                        return True
+                        return self._answers_itself()
             except OSError:
                 pass
             time.sleep(0.02)
         return False
+
+    def _answers_itself(self) -> bool:
+        """Whether the server answering on the port is this process: a port picked free can be taken before redis
+        binds it, and another suite's redis-server would answer PING as well."""
+        assert self._process is not None
+        asked = (f"AUTH {self.password}\r\n" if self.password else "") + "INFO server\r\n"
+        answer = b""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as connection:
+            connection.sendall(asked.encode())
+            while (found := _PROCESS_ID.search(answer)) is None and len(answer) < 64 * 1024:
+                piece = connection.recv(4096)
+                if not piece:
+                    return False
+                answer += piece
+        return found is not None and int(found.group(1)) == self._process.pid
 
     def kill(self) -> None:
         """Die as a crash does: SIGKILL, no goodbye to the clients."""
