@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tests.ports import said_port as said_port_in
+from tests.ports import said_port
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 BENCH_ROOT = Path(__file__).resolve().parent.parent
@@ -165,30 +165,17 @@ def start_proxy(name: str, root: Path, config: Path, log: Path) -> Child:
     return spawn(name, [sys.executable, "-m", "proxy", "--config", str(config)], cwd=root, log=log)
 
 
-_HEAD_BYTES = 64 * 1024
-
-
 def wait_proxy(child: Child, timeout: float = START_TIMEOUT) -> int:
     """The port of a proxy started with `server.port: 0`, read from its start-up line, once /healthz answers there.
 
     A port picked beforehand (tests.ports.free_port) and handed to the proxy is bound a second later: any other
     process may take it first. With test suites running side by side, one proxy of the bench could not bind its
     port, another suite's proxy answered /healthz on it, and the bench's requests met a closed port."""
-    wait_until(child, lambda: said_port(child) is not None, timeout)
-    port = said_port(child)
+    wait_until(child, lambda: said_port(child.log) is not None, timeout)
+    port = said_port(child.log)
     assert port is not None, "a port once said stays in the log"
     wait_until(child, lambda: answers(f"http://127.0.0.1:{port}/healthz"), timeout)
     return port
-
-
-def said_port(child: Child) -> int | None:
-    """The port the child's log says it listens on, if it has said so yet."""
-    try:
-        with child.log.open("rb") as log:
-            head = log.read(_HEAD_BYTES).decode("utf-8", "replace")
-    except OSError:
-        return None
-    return said_port_in(head)
 
 
 def stop(child: Child) -> None:

@@ -107,7 +107,7 @@ async def listening_port(process: asyncio.subprocess.Process, log: Path, timeout
     """The port a proxy started with `--port 0` says it listens on."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (port := said_port(log.read_text(encoding="utf-8", errors="replace"))) is not None:
+        if (port := said_port(log)) is not None:
             return port
         assert process.returncode is None, f"the proxy exited early:\n{log.read_text(errors='replace')}"
         await asyncio.sleep(0.05)

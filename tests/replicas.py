@@ -48,11 +48,6 @@ class ProxyProcess:
     def log_text(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
 
-    def _log_since(self, offset: int) -> str:
-        with self.log_path.open("rb") as log:
-            log.seek(offset)
-            return log.read().decode("utf-8", "replace")
-
     async def start(self) -> None:
         """Start on port 0 and return once /healthz answers on the port the replica says it took (a port picked
         beforehand could be taken first, and another suite's proxy would answer for this replica)."""
@@ -73,7 +68,7 @@ class ProxyProcess:
             while time.monotonic() < deadline:
                 if not self.running:
                     return False
-                self.port = self.port or said_port(self._log_since(said_from)) or 0
+                self.port = self.port or said_port(self.log_path, said_from) or 0
                 try:
                     if self.port:
                         async with session.get(f"{self.url}/healthz") as response:

@@ -18,12 +18,12 @@ from bench.processes import (
     STEADY_MALLOC,
     StartFailed,
     bench_env,
-    said_port,
     spawn,
     start_proxy,
     stop,
     wait_proxy,
 )
+from tests.ports import said_port
 
 # A body and its copy made and freed 200 times, as a relay does with each large request: the page faults the last
 # 200 rounds took, per round.
@@ -75,10 +75,18 @@ def test_a_child_churning_large_buffers_takes_no_page_faults(tmp_path: Path, mon
 def test_the_port_is_read_from_the_line_the_proxy_logs_once_it_listens(tmp_path: Path, log: str,
                                                                         port: int | None) -> None:
     (tmp_path / "proxy.log").write_text(log)
-    child = spawn("quiet", [sys.executable, "-c", "pass"], cwd=BENCH_ROOT, log=tmp_path / "other.log")
-    child.log = tmp_path / "proxy.log"
-    assert said_port(child) == port
-    child.process.wait(30)
+    assert said_port(tmp_path / "proxy.log") == port
+
+
+def test_a_restarted_proxy_is_found_where_its_new_start_says(tmp_path: Path) -> None:
+    log = tmp_path / "replica.log"
+    first = "INFO proxy compaction-proxy 0.1.0 listening on http://127.0.0.1:41234, upstream x\nINFO proxy stopped\n"
+    log.write_text(first)
+    assert said_port(log, len(first)) is None  # the restart has not said where it listens yet
+    with log.open("a") as appended:
+        appended.write("INFO proxy compaction-proxy 0.1.0 listening on http://127.0.0.1:5000, upstream x\n")
+    assert (said_port(log), said_port(log, len(first))) == (41234, 5000)
+    assert said_port(tmp_path / "never-written.log") is None
 
 
 def test_a_proxy_on_port_zero_is_found_where_it_listens(tmp_path: Path) -> None:
