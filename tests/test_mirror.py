@@ -37,7 +37,8 @@ ELSEWHERE = {
     "store.stores": "tests/store/test_store.py's contract run against every store it opens",
     "summarizer.model_client": "tests/summarizer/test_structured_output.py, tests/e2e/test_hostile_summariser.py",
     "summarizer.summary_schema": "tests/summarizer/test_structured_output.py",
-    "upstream.upstream": "tests/e2e/test_upstream_headers.py, tests/e2e/test_no_second_copy.py",
+    "upstream.upstream": "tests/e2e/test_upstream_headers.py, tests/e2e/test_upstream_body.py, "
+                         "tests/e2e/test_no_second_copy.py",
     "upstream.upstream_pool": "tests/e2e/test_no_second_copy.py (dead pooled connections go unused)",
 }
 

@@ -10,11 +10,13 @@ from proxy.core.credentials import CREDENTIAL_HEADERS, presented_credentials
 from proxy.core.fingerprint import canonical_json
 
 
+@lru_cache(maxsize=1024)
 def tenant_namespace(credential: str | None, tenant: str | None = None, model: str | None = None) -> str:
     """A store namespace: a one-way hash of who asks (credential), for whom (tenant) and of which model.
 
     The tenant only subdivides a credential's namespace: a header is client-controlled, so it can never reach
-    into the namespace of a client holding another credential.
+    into the namespace of a client holding another credential. Cached: the same few callers ask on every request
+    that may be compacted.
     """
     fields = [credential or "", tenant or "", model or ""]
     return hashlib.sha256(b"compaction-proxy/namespace/" + canonical_json(fields)).hexdigest()[:32]

@@ -81,6 +81,16 @@ def test_namespace_for_takes_the_first_of_differently_cased_tenant_headers() -> 
     assert namespace_for(headers, "x-tenant") == tenant_namespace(None, "first")
 
 
+def test_a_namespace_asked_for_again_is_not_hashed_again() -> None:
+    """Every request that may be compacted asks for its namespace: the same few callers, hashed once each."""
+    first = tenant_namespace("sk-cached", "team", "model-a")
+    hits = tenant_namespace.cache_info().hits
+    assert tenant_namespace("sk-cached", "team", "model-a") == first == expected_namespace("sk-cached", "team",
+                                                                                           "model-a")
+    assert tenant_namespace.cache_info().hits == hits + 1
+    assert tenant_namespace("sk-cached", "team", "model-b") != first
+
+
 def test_tenant_namespace_refuses_a_non_str_field_that_is_not_json() -> None:
     with pytest.raises(TypeError):
         tenant_namespace(b"bytes")  # type: ignore[arg-type]
