@@ -14,10 +14,14 @@ switched on (`callgrind_control --instr=on`), it answers N more, and its count i
 imports and warm-up left out (requests go one at a time, from `bench.load`; what the loop does while it waits, a timer
 or two, is counted with them and is little).
 
-An instruction is not a unit of time either: a request that moves half a megabyte spends much of its time waiting
-for memory, which an instruction count does not see, so the long histories' ratios here are lower than their CPU
-ratios in `python -m bench`. What it is good for: the same figure to 0.5 % on a machine whose timed rounds move by
-a third from one run to the next, so a change that saves a few microseconds a request shows, and shows where.
+An instruction is not a unit of time either. Under valgrind a large memory copy (`rep movsb`) counts one
+instruction per byte, where the processor moves dozens of bytes a cycle: most of what the floor is counted for a
+long history is its copies of the body. So each shape has a second row, the instructions outside the C library's
+memory copies (bench.callgrind): the work the request costs, which is what the long histories' CPU ratios in
+`python -m bench` follow, though still lower than them (a request that touches half a megabyte also waits for
+memory, which no count sees). What the counts are good for: the same figure to 0.5 % on a machine whose timed
+rounds move by a third from one run to the next, so a change that saves a few microseconds a request shows, and
+shows where.
 Under callgrind a target runs some fifty times slower: a few hundred requests a shape is plenty. What depends on
 the clock is kept out: the streams are paced by it, and a conversation near its threshold is planned by its pace in
 seconds, so the reuse shapes are counted with `compaction.background` off (see UNPACED). Needs valgrind (Debian's
@@ -36,12 +40,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.bodies import SHAPES
+from bench.callgrind import copies_of, total_of
 from bench.load_client import LoadClient
 from bench.processes import BENCH_ROOT, Child, cpu_seconds, spawn, start_upstream, stop, wait_proxy, wait_until
-from bench.scenarios import Row, per_shape
+from bench.scenarios import Row, over_floor, per_shape
 from bench.table import render
 from bench.targets import column, proxy_config
 
@@ -61,8 +67,6 @@ SHAPE_NAMES = ("small", "long", "long-responses", "long-messages", "reuse", "reu
 # the same reuse hits with it on made some 60 more Python calls a request (cProfile), all of them the pace's
 # bookkeeping, against some 1,500: the figure leaves out about that much.
 UNPACED = frozenset({"reuse", "reuse-responses", "reuse-messages"})
-# The total callgrind writes at the head of a dump ("summary:", or "totals:" in older versions).
-_TOTAL = re.compile(rb"^(?:summary|totals): (\d+)", re.MULTILINE)
 
 # Starts a target under callgrind for a shape: (directory, upstream port, tag, shape) -> (its process, its dump
 # file, its port).
@@ -102,14 +106,6 @@ def counted_config(upstream_port: int, port: int, compaction: bool, shape: str) 
     return json.dumps(config, indent=2)
 
 
-def total_of(dump: bytes) -> int:
-    """The instructions a callgrind dump counted in all (ValueError when it holds no total)."""
-    found = _TOTAL.search(dump)
-    if found is None:
-        raise ValueError("no summary or totals line in the callgrind dump")
-    return int(found.group(1))
-
-
 def control(child: Child, *flags: str) -> None:
     done = subprocess.run(["callgrind_control", *flags, str(child.pid)], capture_output=True, text=True,
                           timeout=DUMP_TIMEOUT)
@@ -122,13 +118,33 @@ def dumped(dump: Path) -> bytes:
     deadline = time.monotonic() + DUMP_TIMEOUT
     while time.monotonic() < deadline:
         parts = sorted(dump.parent.glob(f"{dump.name}.*"))
-        if parts and (text := parts[0].read_bytes()) and _TOTAL.search(text):
+        if parts and (text := parts[0].read_bytes()) and _whole(text):
             return text
         time.sleep(0.1)
     raise SystemExit(f"callgrind wrote no dump for {dump.name} within {DUMP_TIMEOUT:g} s")
 
 
-def counted(start: Start, directory: Path, shape: str, requests: int, upstream_port: int, tag: str) -> float:
+def _whole(dump: bytes) -> bool:
+    try:
+        total_of(dump)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Count:
+    """Instructions per request: in all, and of them in the C library's memory copies (bench.callgrind)."""
+
+    total: float
+    copies: float
+
+    @property
+    def outside_copies(self) -> float:
+        return self.total - self.copies
+
+
+def counted(start: Start, directory: Path, shape: str, requests: int, upstream_port: int, tag: str) -> Count:
     """Instructions per request of `shape` through the target `start` makes."""
     child, dump, port = start(directory, upstream_port, f"{tag}-{shape}", shape)
     client = LoadClient(directory)
@@ -139,7 +155,8 @@ def counted(start: Start, directory: Path, shape: str, requests: int, upstream_p
         control(child, "--instr=on")
         answered(client, url, shape, requests, tag)
         control(child, "--dump")
-        return total_of(dumped(dump)) / requests
+        text = dumped(dump)
+        return Count(total_of(text) / requests, copies_of(text) / requests)
     finally:
         client.close()
         stop(child)
@@ -166,9 +183,19 @@ def settle(child: Child) -> None:
     raise SystemExit(f"{child.name} was still busy {SETTLE_TIMEOUT:g} s after its warm-up")
 
 
-def rows(results: dict[str, dict[str, float]], shapes: Sequence[str]) -> list[Row]:
-    """Each shape's instructions per request (millions), and the same over the floor's (its own cell empty)."""
-    return per_shape(results, shapes, "instructions per request", "M", scale=1e-6)
+def rows(results: dict[str, dict[str, Count]], shapes: Sequence[str]) -> list[Row]:
+    """Each shape's instructions per request (millions), in all and outside memory copies, each also over the
+    floor's (its own cell empty)."""
+    found = []
+    for shape in shapes:
+        total = {target: {shape: counts[shape].total} for target, counts in results.items()}
+        outside = {target: {shape: counts[shape].outside_copies} for target, counts in results.items()}
+        found += per_shape(total, [shape], "instructions per request", "M", scale=1e-6)
+        found += [Row(f"{shape}: outside memory copies", "M", {target: value[shape] * 1e-6
+                                                              for target, value in outside.items()}),
+                  Row(f"{shape}: outside memory copies / floor's", "x",
+                      over_floor({target: value[shape] for target, value in outside.items()}))]
+    return found
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
