@@ -249,10 +249,33 @@ def _linked(known: list[_Entry], root: bytes) -> int:
 
 def _common_prefix(first: list[Any], second: list[Any]) -> int:
     """How many items the two lists open with alike, compared at C speed (and whole, not copied, when they are
-    as long as each other)."""
+    as long as each other).
+
+    Two lists that part usually part near their end (a history resent with another message, or its last one
+    changed), so openings are compared from there back, in doubling steps, then by halves: each a comparison of
+    slices, which passes an item that is the very object at once (the keys a history shares with its last read
+    are). Comparing item by item (map(operator.eq)) was a twentieth of a 400-message history's read."""
     length = min(len(first), len(second))
-    alike = first == second if len(first) == len(second) else first[:length] == second[:length]
-    return length if alike else list(map(operator.eq, first, second)).index(False)
+    if first == second if len(first) == len(second) else _open_alike(first, second, length):
+        return length
+    low, high = 0, length - 1  # they open alike for at least `low` items and at most `high`
+    probe, step = high, 1
+    while probe > low and not _open_alike(first, second, probe):
+        high = probe - 1
+        step *= 2
+        probe = max(high + 1 - step, low)
+    low = probe
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _open_alike(first, second, middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _open_alike(first: list[Any], second: list[Any], count: int) -> bool:
+    return first[:count] == second[:count]
 
 
 def _canonical(messages: Sequence[Any]) -> list[bytes]:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from proxy.core.encodings import SLICE_CHARS
 from proxy.core.fingerprint import hash_chain
-from proxy.core.history_index import HistoryIndex
+from proxy.core.history_index import HistoryIndex, _common_prefix
 from proxy.core.tokens import TokenCounter
 from proxy.offload import LARGE, LARGE_COUNT
 
@@ -385,3 +385,37 @@ def test_a_busy_conversation_keeps_its_entries_while_others_fill_the_index() -> 
         assert all(key in entries for key in spelled_keys(kept))
         passes.add(entries.marked > 2)
     assert passes == {False, True}  # reads that marked only the new turn, and reads that marked every entry
+
+
+def naive_common_prefix(first: list[Any], second: list[Any]) -> int:
+    count = 0
+    for left, right in zip(first, second, strict=False):
+        if left != right:
+            break
+        count += 1
+    return count
+
+
+def copied(items: list[int]) -> list[int]:
+    """Equal items that are not the same objects (a key computed again rather than carried)."""
+    return [int(str(item)) for item in items]
+
+
+@given(st.lists(st.integers(-2**70, 2**70), max_size=60), st.lists(st.integers(0, 3), max_size=8),
+       st.lists(st.integers(0, 3), max_size=8), st.booleans(), st.booleans())
+def test_common_prefix_is_where_two_lists_part(shared: list[int], left: list[int], right: list[int],
+                                               same_objects: bool, swap: bool) -> None:
+    first = shared + left
+    second = (shared if same_objects else copied(shared)) + right
+    if swap:
+        first, second = second, first
+    assert _common_prefix(first, second) == naive_common_prefix(first, second)
+
+
+@pytest.mark.parametrize(("first", "second", "shared"), [
+    ([], [], 0), ([1], [], 0), ([1, 2, 3], [1, 2, 3], 3), ([1, 2, 3], [1, 2, 3, 4], 3),
+    ([1, 2, 3], [1, 2, 4], 2), ([1, 2, 3], [9, 2, 3], 0), ([5] * 400 + [1], [5] * 400 + [2], 400),
+    ([5] * 400, [5] * 200 + [6] * 200, 200), (list(range(401)), [*range(400), -1], 400),
+])
+def test_common_prefix_table(first: list[int], second: list[int], shared: int) -> None:
+    assert _common_prefix(first, second) == shared == _common_prefix(second, first)
