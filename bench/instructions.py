@@ -47,7 +47,7 @@ from bench.bodies import SHAPES
 from bench.callgrind import copies_of, total_of
 from bench.load_client import LoadClient
 from bench.processes import BENCH_ROOT, Child, cpu_seconds, spawn, start_upstream, stop, wait_proxy, wait_until
-from bench.scenarios import Row, over_floor, per_shape
+from bench.scenarios import Row, per_shape
 from bench.table import render
 from bench.targets import column, proxy_config
 
@@ -191,10 +191,7 @@ def rows(results: dict[str, dict[str, Count]], shapes: Sequence[str]) -> list[Ro
         total = {target: {shape: counts[shape].total} for target, counts in results.items()}
         outside = {target: {shape: counts[shape].outside_copies} for target, counts in results.items()}
         found += per_shape(total, [shape], "instructions per request", "M", scale=1e-6)
-        found += [Row(f"{shape}: outside memory copies", "M", {target: value[shape] * 1e-6
-                                                              for target, value in outside.items()}),
-                  Row(f"{shape}: outside memory copies / floor's", "x",
-                      over_floor({target: value[shape] for target, value in outside.items()}))]
+        found += per_shape(outside, [shape], "outside memory copies", "M", scale=1e-6, same="outside memory copies")
     return found
 
 

@@ -105,14 +105,14 @@ def over_floor(figures: dict[str, float]) -> dict[str, float]:
 
 
 def per_shape(by_target: dict[str, dict[str, float]], shapes: Sequence[str], what: str, unit: str,
-              scale: float = 1.0) -> list[Row]:
+              scale: float = 1.0, same: str = "the same") -> list[Row]:
     """For each shape, `what` of every target (its figure times `scale`), then the same over the floor's (the
-    floor's own cell empty): the tables of bench.calls and bench.instructions."""
+    floor's own cell empty), labelled `same`: the tables of bench.calls and bench.instructions."""
     found = []
     for shape in shapes:
         figures = {target: by_shape[shape] for target, by_shape in by_target.items()}
         found.append(Row(f"{shape}: {what}", unit, {target: value * scale for target, value in figures.items()}))
-        found.append(Row(f"{shape}: the same / floor's", "x", over_floor(figures)))
+        found.append(Row(f"{shape}: {same} / floor's", "x", over_floor(figures)))
     return found
 
 

@@ -50,6 +50,9 @@ def test_per_shape_rows_give_each_targets_figure_then_the_same_over_the_floors()
     assert rows[1].values == pytest.approx({"proxy on": 1.25})  # the ratio of the figures, whatever the scale
     assert rows[3].values == pytest.approx({"proxy on": 1.5})
     assert per_shape({"proxy on": {"small": 3.0}}, ["small"], "calls", "calls")[1].values == {}  # no floor
+    outside = per_shape(by_target, ["small"], "outside memory copies", "M", scale=1e-6, same="outside memory copies")
+    assert [row.label for row in outside] == ["small: outside memory copies", "small: outside memory copies / floor's"]
+    assert outside[1].values == pytest.approx({"proxy on": 1.5})
 
 
 def test_throughput_over_the_floor_is_paired_round_by_round() -> None:
